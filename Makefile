@@ -1,0 +1,47 @@
+# Two commands do everything on a fresh clone: `make run` and `make test`.
+# Every target creates .venv and installs the pinned requirements when they are missing.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NB     ?=
+
+.PHONY: help run test test-devices lint sync data clean
+
+help:
+	@echo "make run           execute every notebook in place (NB=01_minigpt for one)"
+	@echo "make test          the whole test suite: notebooks under nbval on 8 CPU devices, pairs, hygiene, lint"
+	@echo "make test-devices  execute every notebook at 1, 2 and 4 emulated devices"
+	@echo "make sync          jupytext: bring md/ and notebooks/ in line (newest side wins)"
+	@echo "make lint          ruff over notebooks and code"
+	@echo "make data          write the offline tokenizer cache and corpus under .cache/"
+
+$(STAMP): requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+data: $(STAMP)
+	$(BIN)/python tools/offline.py
+
+run: $(STAMP)
+	$(BIN)/python tools/execute.py $(NB)
+
+# pytest exits 5 when it collected no test: say so plainly instead of failing obscurely.
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests"; exit 0; fi; exit $$rc
+
+test-devices: $(STAMP)
+	for n in 1 2 4; do CPU_DEVICES=$$n $(BIN)/python -m pytest notebooks $(if $(NB),-k $(NB)) || exit 1; done
+
+sync: $(STAMP)
+	$(BIN)/jupytext --sync md/*.md
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf .cache _build
