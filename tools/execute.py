@@ -37,6 +37,26 @@ def sync(md: Path, ipynb: Path) -> None:
     jupytext.write(text_nb, ipynb, fmt="ipynb")
 
 
+def scrub_paths(nb) -> None:
+    """Replace this machine's paths in outputs (tracebacks name library files) by neutral ones."""
+    site = Path(nbformat.__file__).resolve().parent.parent  # .../site-packages
+    replacements = [(str(site), "<site-packages>"), (str(ROOT), "<course>"), (str(Path.home()), "~")]
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            for key in ("text", "evalue"):
+                if key in out:
+                    for old, new in replacements:
+                        out[key] = out[key].replace(old, new)
+            if "traceback" in out:
+                for old, new in replacements:
+                    out["traceback"] = [line.replace(old, new) for line in out["traceback"]]
+            for mime, value in out.get("data", {}).items():
+                if mime.startswith("text/") and isinstance(value, str):
+                    for old, new in replacements:
+                        value = value.replace(old, new)
+                    out["data"][mime] = value
+
+
 def execute(name: str) -> float:
     md, ipynb = ROOT / "md" / f"{name}.md", ROOT / "notebooks" / f"{name}.ipynb"
     if not md.exists():
@@ -54,6 +74,7 @@ def execute(name: str) -> float:
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
+    scrub_paths(nb)
     nbformat.write(nb, ipynb)
     jupytext.write(jupytext.read(ipynb), md, fmt="md:myst")
     return seconds
