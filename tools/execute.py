@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import offline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CELL_TIMEOUT_S = 900
+CELL_TIMEOUT_S = 600
 
 
 def sync(md: Path, ipynb: Path) -> None:

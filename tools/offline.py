@@ -175,7 +175,35 @@ def _mistake(r: random.Random) -> str:
     )
 
 
-SHAPES = [_lost_object, _new_friend, _fear, _treat, _weather, _mistake]
+def _trip(r: random.Random) -> str:
+    n, helper = r.choice(NAMES), r.choice(HELPERS)
+    (pl, spot), obj = r.choice(PLACES), r.choice(OBJECTS)
+    a, sound = r.choice(ANIMALS)
+    return (
+        f"One morning, {helper} said to {n}, \"Today we will go to the {pl}!\" {n} was very "
+        f"{r.choice(['excited', 'happy', 'curious'])}. {n} packed a {obj} and a snack. At the {pl}, "
+        f"{n} saw a {r.choice(ADJ)} {a} {spot}. \"{sound.capitalize()}, {sound}!\" said the {a}. {n} "
+        f"gave the {a} some of the snack. The {a} followed {n} all day. When the sun went down, "
+        f"{n} waved goodbye. {n} could not wait to go back to the {pl} again."
+    )
+
+
+def _helping(r: random.Random) -> str:
+    n1, n2 = r.sample(NAMES, 2)
+    a, _ = r.choice(ANIMALS)
+    pl, spot = r.choice(PLACES)
+    problem = r.choice(["was stuck", "had a hurt leg", "could not find its mom", "was very hungry"])
+    return (
+        f"{n1} and {n2} were walking in the {pl}. They heard a small sound {spot}. It was a "
+        f"little {a}, and it {problem}. \"We have to help,\" said {n1}. {n2} was "
+        f"{r.choice(['scared', 'not sure'])}, but {n2} wanted to help too. They worked together, "
+        f"and soon the {a} was safe. The {a} looked at them and was {r.choice(['happy', 'calm'])}. "
+        f"{n1} and {n2} felt {r.choice(['proud', 'brave', 'happy'])}. They learned that "
+        f"{r.choice(LESSONS)}."
+    )
+
+
+SHAPES = [_lost_object, _new_friend, _fear, _treat, _weather, _mistake, _trip, _helping]
 
 
 def make_stories(n: int, seed: int) -> list[str]:
@@ -184,11 +212,14 @@ def make_stories(n: int, seed: int) -> list[str]:
 
 
 def write_corpus(data_dir: Path, n_train: int = 20_000, n_valid: int = 1_000, seed: int = 0) -> Path:
-    """Write the train and validation files (different seeds, so no story is shared by design)."""
+    """Write the train and validation files; no validation story appears in the training file."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    for name, n, s in [(TRAIN_FILE, n_train, seed), (VALID_FILE, n_valid, seed + 1)]:
+    train = make_stories(n_train, seed)
+    seen = set(train)
+    valid = [s for s in make_stories(2 * n_valid, seed + 1) if s not in seen][:n_valid]
+    for name, stories in [(TRAIN_FILE, train), (VALID_FILE, valid)]:
         path = data_dir / name
-        text = f"\n{EOT}\n".join(make_stories(n, s)) + f"\n{EOT}\n"
+        text = f"\n{EOT}\n".join(stories) + f"\n{EOT}\n"
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
     return data_dir

@@ -1,0 +1,43 @@
+"""The offline stand-ins: the GPT-2 vocabulary for tiktoken, and the TinyStories-format corpus."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import offline  # noqa: E402
+
+
+def test_tiktoken_gpt2_loads_from_the_cache_without_network(tmp_path):
+    cache = offline.write_tiktoken_cache(tmp_path / "tiktoken")
+    # A proxy on a closed local port makes any download attempt fail at once.
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(cache),
+           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+    code = ("import tiktoken; e = tiktoken.get_encoding('gpt2'); "
+            "assert e.encode('Once upon a time') == [7454, 2402, 257, 640]; print(e.n_vocab)")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "50257"
+
+
+def test_corpus_is_deterministic_and_in_tinystories_format(tmp_path):
+    a = offline.write_corpus(tmp_path / "a", n_train=300, n_valid=50)
+    b = offline.write_corpus(tmp_path / "b", n_train=300, n_valid=50)
+    for name in (offline.TRAIN_FILE, offline.VALID_FILE):
+        text = (a / name).read_text()
+        assert text == (b / name).read_text(), "same seed, different corpus"
+        stories = [s.strip() for s in text.split(offline.EOT)]
+        assert stories[-1] == "" and all(stories[:-1]), "stories separated by <|endoftext|> lines"
+    train = {s.strip() for s in (a / offline.TRAIN_FILE).read_text().split(offline.EOT)}
+    valid = [s.strip() for s in (a / offline.VALID_FILE).read_text().split(offline.EOT) if s.strip()]
+    assert len(valid) == 50 and not train.intersection(valid), "a validation story is in the training file"
+
+
+def test_corpus_is_varied():
+    stories = offline.make_stories(2000, seed=0)
+    assert len(set(stories)) > 0.95 * len(stories)
+    openings = {s.split(".")[0].split(",")[0].split()[0] for s in stories}
+    assert len(openings) >= 10  # several story shapes and many names open the stories
+    for words in (offline.NAMES, [a for a, _ in offline.ANIMALS], offline.OBJECTS, [p for p, _ in offline.PLACES]):
+        assert all(any(w in s for s in stories) for w in words), "every word list is used"
