@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NB     ?=
 
-.PHONY: help run test test-devices lint sync data clean
+.PHONY: help run test test-devices lint sync data clean docs
 
 help:
 	@echo "make run           execute every notebook in place (NB=01_minigpt for one)"
@@ -16,6 +16,7 @@ help:
 	@echo "make sync          jupytext: bring md/ and notebooks/ in line (newest side wins)"
 	@echo "make lint          ruff over notebooks and code"
 	@echo "make data          write the offline tokenizer cache and corpus under .cache/"
+	@echo "make docs          build the documentation site from the committed notebooks into _build/html"
 
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +43,15 @@ sync: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# The site shows the committed outputs (no execution). A full build (-E) every time, so that
+# every warning shows; warnings are errors. tests/test_docs.py runs the same command.
+docs: $(STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/python -m sphinx -b html -c docs -W --keep-going -n -E -q . _build/html || { \
+	  echo "make docs: the warnings above are errors; fix them in md/NAME.md, then make run NB=NAME"; \
+	  exit 1; }; \
+	echo "make docs: built in $$(( $$(date +%s) - start )) s; open _build/html/index.html"
 
 clean:
 	rm -rf .cache _build

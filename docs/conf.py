@@ -1,0 +1,208 @@
+"""Sphinx configuration of the course's documentation site (`make docs`).
+
+The site is built from the committed, executed notebooks in `notebooks/` with MyST-NB and
+the Sphinx Book Theme; nothing is executed at build time. The source directory is the
+repository root (`sphinx-build -c docs . _build/html`), so every page's path in the
+repository is its document name plus suffix (`notebooks/01_minigpt.ipynb`,
+`docs/index.md`): the launch and source links need no mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from docutils import nodes
+
+# ---------------------------------------------------------------------------------------
+# The repository's public location: the ONE place it is set. Launch links (Colab, Kaggle),
+# source links and the repository button of every page are built from these.
+# PLACEHOLDER: replace with the real GitHub org/repo and branch when the course is published.
+GITHUB_REPO = "jax-course/distributed-llm-training"
+GITHUB_BRANCH = "main"
+# ---------------------------------------------------------------------------------------
+
+GITHUB_URL = f"https://github.com/{GITHUB_REPO}"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def blob_url(path: str) -> str:
+    """GitHub page of a file of the repository, e.g. blob_url('md/00_setup.md')."""
+    return f"{GITHUB_URL}/blob/{GITHUB_BRANCH}/{path}"
+
+
+def colab_url(path: str) -> str:
+    return f"https://colab.research.google.com/github/{GITHUB_REPO}/blob/{GITHUB_BRANCH}/{path}"
+
+
+def kaggle_url(path: str) -> str:
+    return f"https://kaggle.com/kernels/welcome?src={blob_url(path)}"
+
+
+project = "Distributed LLM training in JAX"
+author = "the course authors"
+copyright = "the course authors"
+
+extensions = ["myst_nb"]
+
+# Only the home page and the notebooks are pages: md/ holds the same notebooks as MyST text
+# (the .ipynb carries the outputs), README.md and the rest are not part of the site.
+# Excluded folders are not even walked (.venv, .git, the build itself).
+root_doc = "docs/index"
+include_patterns = ["docs/index.md", "notebooks/*.ipynb"]
+exclude_patterns = [".*", "_build", "md", "data", "**/.ipynb_checkpoints"]
+
+# The notebooks are shown with the outputs committed by `make run`; the site never runs them.
+nb_execution_mode = "off"
+nb_merge_streams = True
+myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "substitution"]
+# Lets docs/index.md link the repository without repeating its address.
+myst_substitutions = {"repository": f"[repository]({GITHUB_URL})"}
+myst_heading_anchors = 3
+
+html_theme = "sphinx_book_theme"
+html_title = project
+html_static_path = ["_static"]
+html_css_files = ["course.css"]
+# _extra/index.html sends the site's root to the home page, docs/index.html.
+html_extra_path = ["_extra"]
+html_last_updated_fmt = None
+html_theme_options = {
+    "repository_url": GITHUB_URL,
+    "repository_branch": GITHUB_BRANCH,
+    "path_to_docs": "",  # the source directory is the repository root
+    "use_repository_button": True,
+    "use_source_button": True,
+    "use_download_button": True,
+    "launch_buttons": {"colab_url": "https://colab.research.google.com"},
+    "show_toc_level": 2,
+}
+
+# A one-line summary of each notebook for the home page's list, which shows the notebooks
+# that exist in notebooks/ (it grows as they land). tests/test_docs.py asks for a line for
+# every notebook.
+ONE_LINERS = {
+    "00_setup": "Devices, meshes and shardings from the smallest examples; the pinned "
+    "stack, the tokenizer and the data.",
+    "01_minigpt": "A Flax NNX GPT trained on TinyStories with data and tensor parallelism: "
+    "logical sharding rules, Grain, mixed precision, KV-cache generation, Orbax checkpoints.",
+    "02_tensor_parallel_mlp": "The Megatron MLP in pure JAX with automatic, explicit and manual "
+    "(`shard_map`) sharding, its collectives read from the compiled HLO.",
+    "03_tensor_parallel_transformer": "One Transformer under DP, FSDP, TP and FSDP+TP: one "
+    "config change each; the same losses, different collectives, FLOPs and memory.",
+    "04_profiling": "Traces, xprof, reading the profile in code, MFU, and batch, mesh and "
+    "input-pipeline experiments.",
+    "05_multihost": "`jax.distributed`, per-process data, global arrays and collective "
+    "checkpoints; a real 2-process job on one machine.",
+}
+
+
+def notebooks() -> list[Path]:
+    return sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _markdown_cells(path: Path) -> list[str]:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+
+
+def notebook_title(path: Path) -> str:
+    """The notebook's H1 without its 'NN · ' prefix (the list shows the number)."""
+    for text in _markdown_cells(path):
+        if m := re.search(r"^# (.+)$", text, re.MULTILINE):
+            return re.sub(r"^\d+\s*·\s*", "", m.group(1)).strip()
+    return path.stem
+
+
+def notebook_hardware(path: Path) -> str:
+    """First sentence of the notebook's own '**Hardware.**' note (CONTRIBUTING's first cell)."""
+    for text in _markdown_cells(path)[:2]:
+        if m := re.search(r"\*\*Hardware\.\*\*\s*(.+?\.)(\s|$)", text, re.DOTALL):
+            return " ".join(m.group(1).split())
+    return "See the notebook's hardware note."
+
+
+def notebook_list() -> str:
+    """The home page's list of notebooks, as MyST markdown (its cross-references are checked)."""
+    items = []
+    for path in notebooks():
+        stem, repo_path = path.stem, f"notebooks/{path.name}"
+        number, summary = stem.split("_", 1)[0], ONE_LINERS.get(stem, "")
+        items.append(
+            f"- **{number} · [{notebook_title(path)}](../{repo_path})**. {summary}\\\n"
+            f"  *Hardware:* {notebook_hardware(path)}\\\n"
+            f"  *Run it:* [Colab]({colab_url(repo_path)}) · [Kaggle]({kaggle_url(repo_path)})"
+        )
+    return "\n".join(items)
+
+
+def insert_notebook_list(app, docname, source):
+    if docname == root_doc:
+        source[0] = source[0].replace("% NOTEBOOK-LIST", notebook_list())
+
+
+def add_launch_banner(app, doctree):
+    """Under each notebook's title: Colab/Kaggle launch links, its sources, and a note that
+    the outputs shown are the committed ones (no execution at build time)."""
+    docname = app.env.docname
+    if not docname.startswith("notebooks/"):
+        return
+    stem = docname.split("/", 1)[1]
+    ipynb, md = f"notebooks/{stem}.ipynb", f"md/{stem}.md"
+
+    def link(text, url, cls):
+        return nodes.reference("", text, refuri=url, classes=[cls])
+
+    run = nodes.paragraph("", "", nodes.strong("", "Run it: "))
+    run += [link("Open in Colab", colab_url(ipynb), "course-colab"), nodes.Text(" · ")]
+    run += [link("Open in Kaggle", kaggle_url(ipynb), "course-kaggle"), nodes.Text(" · ")]
+    run += [nodes.strong("", "Source: "), link(ipynb, blob_url(ipynb), "course-source")]
+    if (ROOT / md).exists():
+        run += [nodes.Text(" (with outputs), "), link(md, blob_url(md), "course-source-md")]
+        run += [nodes.Text(" (MyST text, the file to edit)")]
+    note = nodes.paragraph(
+        "",
+        "The outputs on this page are the ones committed in the notebook, from the run its "
+        "hardware cell describes; the site shows them without executing anything.",
+    )
+    banner = nodes.container("", run, note, classes=["course-launch"])
+    # Anchors for code cells (#cell-1, #cell-2, ...), so a cell and its output can be linked.
+    cells = (n for n in doctree.findall(nodes.container) if "cell" in n["classes"])
+    for number, cell in enumerate(cells, start=1):
+        cell["ids"].append(f"cell-{number}")
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        doctree.insert(0, banner)
+    else:
+        title = section.next_node(nodes.title)
+        section.insert(section.index(title) + 1, banner)
+
+
+def add_kaggle_launch_button(app, pagename, templatename, context, doctree):
+    """The theme's launch menu knows Colab but not Kaggle: add Kaggle next to it."""
+    if not pagename.startswith("notebooks/"):
+        return
+    for button in context.get("header_buttons", []):
+        if button.get("label") == "launch-buttons":
+            button["buttons"].append(
+                {
+                    "type": "link",
+                    "text": "Kaggle",
+                    "tooltip": "Launch on Kaggle",
+                    "icon": "fab fa-kaggle",
+                    "url": kaggle_url(f"{pagename}.ipynb"),
+                }
+            )
+
+
+def always_reread_home(app, env, added, changed, removed):
+    """The home page's list is generated from the notebooks: rebuild it on every build."""
+    return [root_doc]
+
+
+def setup(app):
+    app.connect("source-read", insert_notebook_list)
+    app.connect("env-get-outdated", always_reread_home)
+    app.connect("doctree-read", add_launch_banner)
+    app.connect("html-page-context", add_kaggle_launch_button, priority=502)
