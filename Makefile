@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NB     ?=
 
-.PHONY: help run test test-devices lint sync data clean docs
+.PHONY: help run test test-devices lint sync data clean docs bench
 
 help:
 	@echo "make run           execute every notebook in place (NB=01_minigpt for one)"
@@ -16,6 +16,7 @@ help:
 	@echo "make sync          jupytext: bring md/ and notebooks/ in line (newest side wins)"
 	@echo "make lint          ruff over notebooks and code"
 	@echo "make data          write the offline tokenizer cache and corpus under .cache/"
+	@echo "make bench         speed vs the seed baselines and the hardware (NBVAL=0 skips the notebooks' wall times)"
 	@echo "make docs          build the documentation site from the committed notebooks into _build/html"
 
 $(STAMP): requirements.txt
@@ -52,6 +53,11 @@ docs: $(STAMP)
 	  echo "make docs: the warnings above are errors; fix them in md/NAME.md, then make run NB=NAME"; \
 	  exit 1; }; \
 	echo "make docs: built in $$(( $$(date +%s) - start )) s; open _build/html/index.html"
+
+# Speed is checked by this benchmark, never by timed tests. Prints a table and writes it to
+# bench/results/latest.{md,json}. NBVAL=0 skips running every notebook under nbval (~10 min).
+bench: $(STAMP)
+	$(BIN)/python -m bench $(if $(filter 0 no false,$(NBVAL)),--no-nbval) $(ARGS)
 
 clean:
 	rm -rf .cache _build

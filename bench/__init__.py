@@ -1,0 +1,1 @@
+"""The course's benchmark harness (`make bench`): see bench/__main__.py."""

@@ -1,0 +1,205 @@
+"""`make bench`: the course's speed, measured against its own baselines and the hardware.
+
+    python -m bench                 # everything, including each notebook under nbval (~10 min)
+    python -m bench --no-nbval      # skip the notebooks' wall times (a few minutes)
+
+Runs in the environment `make run` and `make test` use (tools/offline.py: 8 emulated CPU
+devices unless CPU_DEVICES/XLA_FLAGS say otherwise, offline data). On a GPU or TPU machine
+it runs on the accelerator. Every figure is warm: the first call (tracing, compilation) is
+reported on its own, and the figure quoted is the median of several runs. The MiniGPT
+figures run notebook 01's own code (its cells tagged `course-lib`, see bench/course.py).
+Prints the table and writes it to bench/results/latest.{md,json} (and a dated copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import offline  # noqa: E402
+
+TARGET_GENERATION_SPEEDUP = 10.0
+TARGET_PIPELINE_RATIO = 20.0
+TARGET_SERIES_S = 600.0
+
+
+def _environment() -> dict[str, str]:
+    """The course's offline environment; on a GPU/TPU machine, leave JAX on the accelerator."""
+    has_accelerator = shutil.which("nvidia-smi") or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    environ = dict(os.environ)
+    if has_accelerator and "JAX_PLATFORMS" not in environ:
+        environ["JAX_PLATFORMS"] = ""
+    return offline.course_env(environ)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--no-nbval", action="store_true", help="skip each notebook's wall time under nbval")
+    ap.add_argument("--repeats", type=int, default=5, help="warm runs per measurement (median reported)")
+    ap.add_argument("--notebook", default="01_minigpt", help="the notebook whose course-lib cells to load")
+    args = ap.parse_args(argv)
+
+    env = _environment()
+    os.environ.update(env)
+    started = time.perf_counter()
+
+    import jax  # noqa: E402 - after the environment is set
+
+    from bench import minigpt, report  # noqa: E402
+    from bench.course import load_course_lib  # noqa: E402
+    from bench.measure import peak_flops  # noqa: E402
+    from bench.nbval import notebook_wall_times  # noqa: E402
+
+    results = {"machine": report.machine(), "rows": [], "targets": [], "errors": {}, "details": {}}
+    rows, details = results["rows"], results["details"]
+    print(f"bench: {results['machine']['devices']}, JAX {jax.__version__}", flush=True)
+
+    def section(name, fn):
+        print(f"bench: {name} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            out = fn()
+        except Exception as e:  # one failing part must not hide the others' numbers
+            traceback.print_exc()
+            results["errors"][name] = f"{type(e).__name__}: {e}"
+            rows.append({"benchmark": name, "config": "", "result": f"failed: {type(e).__name__}: {e}"})
+            return None
+        print(f"bench: {name} done in {time.perf_counter() - start:.1f} s", flush=True)
+        return out
+
+    on_cpu = jax.devices()[0].platform == "cpu"
+    n_dev = jax.device_count()
+    lib = section("load notebook", lambda: load_course_lib(args.notebook))
+    preset = corpus = None
+    if lib is not None:
+        preset = lib.preset_for(jax.default_backend()) if hasattr(lib, "preset_for") else lib.PRESETS["cpu"]
+        corpus = section("tokenise corpus", lambda: minigpt.Corpus(lib, preset))
+
+    peak = section("peak", lambda: peak_flops(preset.dtype if preset else "float32"))
+    if peak:
+        details["peak"] = peak
+        m = peak["measured"]
+        rows.append({
+            "benchmark": "matmul rate (the MFU peak)",
+            "config": f"{m['dtype']} {m['n']}x{m['n']}",
+            "result": f"{peak['flops'] / 1e9:,.1f} GFLOP/s ({peak['source']}; measured: one device "
+            f"{m['one_device'] / 1e9:,.1f}, all devices {m.get('all_devices', 0) / 1e9:,.1f} GFLOP/s)",
+        })
+
+    train = {}
+    if corpus is not None and peak:
+        seed_cfg = minigpt.seed_config(lib, preset, n_dev, on_cpu)
+        for label, cfg, steps in ((f"{preset.name} preset", preset, 5), ("seed architecture", seed_cfg, 1 if on_cpu else 5)):
+            t = section(f"train step, {label}", lambda cfg=cfg, steps=steps: minigpt.train_step(
+                lib, cfg, corpus, peak["flops"], args.repeats, steps))
+            if t:
+                train[label] = details[f"train: {label}"] = t
+                rows.append({
+                    "benchmark": "train step",
+                    "config": f"{label}: {t['shape']}, mesh {t['mesh']}",
+                    "result": f"{t['tokens_per_s']:,.0f} real tokens/s; step {t['step_s'] * 1e3:,.1f} ms; "
+                    f"MFU {100 * t['mfu']:.1f}% ({t['flops_per_step'] / 1e9:,.2f} GFLOP/step)",
+                    "compile_s": t["compile_s"],
+                })
+        rows.append({
+            "benchmark": "padding",
+            "config": f"{corpus.source}",
+            "result": f"0% of trained tokens are padding (packed); padding every story to T=256 as the "
+            f"seed does would make {100 * (1 - corpus.seed_real_fraction):.0f}% of them padding "
+            f"(mean story {corpus.story_tokens_mean:.0f} tokens)",
+        })
+
+    if corpus is not None and f"{preset.name} preset" in train:
+        step_s = train[f"{preset.name} preset"]["step_s"]
+        p = section("input pipeline", lambda: minigpt.input_pipeline(lib, preset, corpus, step_s, 200))
+        if p:
+            details["input pipeline"] = p
+            rows.append({
+                "benchmark": "input pipeline (Grain)",
+                "config": f"{preset.name} preset, batch {p['batch_shape']}",
+                "result": f"{p['placed_batches_per_s']:,.0f} batches/s delivered to the devices "
+                f"({p['host_batches_per_s']:,.0f}/s on the host) vs {p['train_batches_per_s']:,.1f}/s "
+                f"consumed by training: {p['ratio']:,.0f}x",
+                "compile_s": None,
+            })
+            results["targets"].append({
+                "target": "input pipeline vs training consumption, CPU preset" if on_cpu else
+                "input pipeline vs training consumption",
+                "required": f">= {TARGET_PIPELINE_RATIO:.0f}x", "measured": f"{p['ratio']:,.0f}x",
+                "met": p["ratio"] >= TARGET_PIPELINE_RATIO,
+            })
+
+    if corpus is not None:
+        g = section("generation", lambda: minigpt.generation(lib, preset, corpus, 256, args.repeats))
+        if g:
+            details["generation"] = g
+            rows.append({
+                "benchmark": "generation, KV cache (notebook's `generate`)",
+                "config": f"{g['config']}, greedy, {g['max_new']} new tokens, batch 1",
+                "result": f"{g['cache_tokens_per_s']:,.0f} tokens/s ({g['cache_s']:.2f} s)",
+                "compile_s": g["cache_compile_s"],
+            })
+            rows.append({
+                "benchmark": "generation, no cache (full padded window per token)",
+                "config": f"{g['config']}, greedy, {g['max_new']} new tokens, batch 1",
+                "result": f"{g['no_cache_tokens_per_s']:,.0f} tokens/s ({g['no_cache_s']:.2f} s); "
+                f"cache is {g['speedup']:.1f}x faster; same tokens: {g['tokens_agree']}",
+                "compile_s": g["no_cache_compile_s"],
+            })
+            results["targets"].append({
+                "target": "KV-cache generation vs no-cache baseline, 256 new tokens",
+                "required": f">= {TARGET_GENERATION_SPEEDUP:.0f}x", "measured": f"{g['speedup']:.1f}x",
+                "met": g["speedup"] >= TARGET_GENERATION_SPEEDUP,
+            })
+
+        for label, cfg in ((f"{preset.name} preset", preset), ("seed architecture", minigpt.seed_config(lib, preset, n_dev, on_cpu))):
+            c = section(f"checkpoint, {label}", lambda cfg=cfg: minigpt.checkpoint(lib, cfg, corpus, 3))
+            if c:
+                details[f"checkpoint: {label}"] = c
+                rows.append({
+                    "benchmark": "checkpoint save / restore (Orbax)",
+                    "config": f"{label}: model + optimizer + data iterator, {c['state_mb']:.1f} MiB",
+                    "result": f"save {c['save_s']:.2f} s, restore {c['restore_s']:.2f} s "
+                    f"(first: {c['save_first_s']:.2f} s / {c['restore_first_s']:.2f} s)",
+                })
+
+    if not args.no_nbval:
+        nb = section("notebooks under nbval", lambda: notebook_wall_times(env))
+        if nb:
+            details["nbval"] = nb
+            total = sum(r["seconds"] for r in nb)
+            for r in nb:
+                rows.append({
+                    "benchmark": "notebook under nbval",
+                    "config": r["notebook"],
+                    "result": f"{r['seconds']:.0f} s ({r['pytest']})",
+                })
+            rows.append({"benchmark": "notebook under nbval", "config": "whole series",
+                         "result": f"{total:.0f} s ({len(nb)} notebooks)"})
+            results["targets"].append({
+                "target": f"whole series under nbval ({len(nb)} notebooks)",
+                "required": f"< {TARGET_SERIES_S / 60:.0f} min", "measured": f"{total / 60:.1f} min",
+                "met": total < TARGET_SERIES_S and all(r["passed"] for r in nb),
+            })
+
+    results["machine"]["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
+    results["machine"]["bench_wall_s"] = round(time.perf_counter() - started, 1)
+    md_path, json_path = report.write(results)
+    print()
+    print(report.markdown(results))
+    print(f"bench: {results['machine']['bench_wall_s']:.0f} s; wrote {md_path.relative_to(ROOT)} and "
+          f"{json_path.relative_to(ROOT)}")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
