@@ -1,0 +1,124 @@
+"""The multi-process training script of notebook 05, run for real: 2 processes x 4 CPU devices.
+
+The script's only source is the notebook: its `%%writefile` cells in md/05_multihost.md. We
+assemble them as the notebook does, then check that the 2-process job trains exactly like one
+process with 8 devices, writes a checkpoint collectively, and that a process crashing in the
+middle of training ends the job promptly with a clear message and leaves no process behind.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "md" / "05_multihost.md"
+JOB_TIMEOUT_S = 300
+
+
+def script_source() -> str:
+    """The cells `%%writefile [-a] multihost_train.py`, magic lines removed, in notebook order."""
+    cells = [c.source for c in jupytext.read(NOTEBOOK).cells
+             if c.cell_type == "code" and c.source.startswith("%%writefile")]
+    assert cells and re.match(r"%%writefile multihost_train\.py\n", cells[0]), "the first cell must create the file"
+    assert all(re.match(r"%%writefile -a multihost_train\.py\n", c) for c in cells[1:]), "later cells must append"
+    return "".join(c.split("\n", 1)[1] + "\n" for c in cells)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A folder with multihost_train.py and tokens.npy (the offline corpus, compact vocabulary)."""
+    import tiktoken
+
+    folder = tmp_path_factory.mktemp("multihost")
+    (folder / "multihost_train.py").write_text(script_source())
+    data_dir = Path(os.environ["COURSE_DATA_DIR"])
+    text = (data_dir / "offline-stories-valid.txt").read_text(encoding="utf-8")
+    stories = [s.strip() for s in text.split("<|endoftext|>") if s.strip()][:2000]
+    enc = tiktoken.get_encoding("gpt2")
+    ids = np.concatenate([np.array(t + [enc.eot_token]) for t in enc.encode_ordinary_batch(stories)])
+    used, tokens = np.unique(ids, return_inverse=True)
+    np.save(folder / "tokens.npy", tokens.astype(np.int32))
+    folder.joinpath("vocab.txt").write_text(str(-(-len(used) // 8) * 8))
+    return folder
+
+
+def run_job(folder: Path, *flags: str, timeout_s: float = JOB_TIMEOUT_S):
+    vocab = folder.joinpath("vocab.txt").read_text()
+    command = [sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab,
+               "--timeout", str(timeout_s), *flags]
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout_s + 60)
+    return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
+
+
+def result_of(output: str) -> dict:
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, f"expected one RESULT line (from process 0 only):\n{output}"
+    return json.loads(lines[0].removeprefix("RESULT "))
+
+
+def workers_alive(folder: Path) -> list[str]:
+    """Command lines of processes still running our script (Linux /proc)."""
+    alive = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.endswith("multihost_train.py") for a in args) and str(folder) in " ".join(args):
+            alive.append(" ".join(args))
+    return alive
+
+
+def test_script_passes_ruff(workdir):
+    """Ruff skips `%%writefile` cells in the notebook, so lint the assembled script here."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--config",
+                             str(ROOT / "pyproject.toml"), "multihost_train.py"],
+                            cwd=workdir, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_two_processes_train_like_one(workdir):
+    code, output, two_s = run_job(workdir, "--launch", "2", "--devices-per-process", "4",
+                                  "--checkpoint-dir", "ckpt-2x4")
+    assert code == 0, output
+    two = result_of(output)
+    assert "process 1: local devices" in output and "[process 1]" not in output, "only process 0 prints"
+
+    code, output, one_s = run_job(workdir, "--launch", "1", "--devices-per-process", "8")
+    assert code == 0, output
+    one = result_of(output)
+
+    assert (two["processes"], two["devices"], one["processes"], one["devices"]) == (2, 8, 1, 8)
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    assert two["losses"][-1] < two["losses"][0] - 0.5, "the loss did not go down"
+    step_dir = workdir / "ckpt-2x4" / str(len(two["losses"]))
+    assert (step_dir / "commit_success.txt").exists(), "the collective checkpoint was not committed"
+    assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in (step_dir / "params").iterdir()}
+    print(f"wall time: 2 processes x 4 devices {two_s:.1f} s, 1 process x 8 devices {one_s:.1f} s")
+
+
+def test_a_crash_mid_training_stops_the_job(workdir):
+    code, output, seconds = run_job(workdir, "--launch", "2", "--inject", "error", "--inject-process", "1",
+                                    "--inject-step", "1", timeout_s=JOB_TIMEOUT_S)
+    assert code == 1, output
+    assert "launcher: process 1 failed" in output and "injected failure on process 1 at step 1" in output
+    assert "step 0" in output, "the crash should come after a completed step"
+    assert seconds < JOB_TIMEOUT_S, "the launcher waited for the timeout instead of reacting to the crash"
+    assert not workers_alive(workdir), "a worker outlived the launcher"
+
+
+def test_a_hang_hits_the_timeout(workdir):
+    code, output, seconds = run_job(workdir, "--launch", "2", "--inject", "hang", "--inject-step", "-1",
+                                    timeout_s=5)
+    assert code == 124 and "timed out" in output, output
+    assert seconds < 5 + 30
+    assert not workers_alive(workdir), "a worker outlived the launcher"
