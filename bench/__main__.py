@@ -44,6 +44,7 @@ def _environment() -> dict[str, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--no-nbval", action="store_true", help="skip each notebook's wall time under nbval")
+    ap.add_argument("--nbval-only", metavar="NAMES", help="time only these notebooks (comma-separated) under nbval")
     ap.add_argument("--repeats", type=int, default=5, help="warm runs per measurement (median reported)")
     ap.add_argument("--notebook", default="01_minigpt", help="the notebook whose course-lib cells to load")
     args = ap.parse_args(argv)
@@ -84,38 +85,52 @@ def main(argv=None) -> int:
         preset = lib.preset_for(jax.default_backend()) if hasattr(lib, "preset_for") else lib.PRESETS["cpu"]
         corpus = section("tokenise corpus", lambda: minigpt.Corpus(lib, preset))
 
-    peak = section("peak", lambda: peak_flops(preset.dtype if preset else "float32"))
+    # The matmul rate is measured before and after the train steps; on a shared machine the
+    # load varies, and the best rate seen is the peak (the conservative choice for MFU).
+    dtype = preset.dtype if preset else "float32"
+    peaks = [section("peak", lambda: peak_flops(dtype))]
+
+    train = {}
+    if corpus is not None:
+        seed_cfg = minigpt.seed_config(lib, preset, n_dev, on_cpu)
+        for label, cfg, steps in ((f"{preset.name} preset", preset, 5), ("seed architecture", seed_cfg, 1 if on_cpu else 5)):
+            t = section(f"train step, {label}", lambda cfg=cfg, steps=steps: minigpt.train_step(
+                lib, cfg, corpus, args.repeats, steps))
+            if t:
+                train[label] = details[f"train: {label}"] = t
+        peaks.append(section("peak, measured again", lambda: peak_flops(dtype)))
+
+    peaks = [x for x in peaks if x]
+    peak = max(peaks, key=lambda x: x["flops"]) if peaks else None
     if peak:
         details["peak"] = peak
+        details["peak_runs"] = peaks
         m = peak["measured"]
         rows.append({
             "benchmark": "matmul rate (the MFU peak)",
             "config": f"{m['dtype']} {m['n']}x{m['n']}",
-            "result": f"{peak['flops'] / 1e9:,.1f} GFLOP/s ({peak['source']}; measured: one device "
+            "result": f"{peak['flops'] / 1e9:,.1f} GFLOP/s ({peak['source']}, best of {len(peaks)}; one device "
             f"{m['one_device'] / 1e9:,.1f}, all devices {m.get('all_devices', 0) / 1e9:,.1f} GFLOP/s)",
         })
-
-    train = {}
-    if corpus is not None and peak:
-        seed_cfg = minigpt.seed_config(lib, preset, n_dev, on_cpu)
-        for label, cfg, steps in ((f"{preset.name} preset", preset, 5), ("seed architecture", seed_cfg, 1 if on_cpu else 5)):
-            t = section(f"train step, {label}", lambda cfg=cfg, steps=steps: minigpt.train_step(
-                lib, cfg, corpus, peak["flops"], args.repeats, steps))
-            if t:
-                train[label] = details[f"train: {label}"] = t
-                rows.append({
-                    "benchmark": "train step",
-                    "config": f"{label}: {t['shape']}, mesh {t['mesh']}",
-                    "result": f"{t['tokens_per_s']:,.0f} real tokens/s; step {t['step_s'] * 1e3:,.1f} ms; "
-                    f"MFU {100 * t['mfu']:.1f}% ({t['flops_per_step'] / 1e9:,.2f} GFLOP/step)",
-                    "compile_s": t["compile_s"],
-                })
+    for label, t in train.items():
+        t["mfu"] = t["flops_per_step"] / t["step_s"] / peak["flops"] if peak else None
+        mfu = f"MFU {100 * t['mfu']:.1f}%" if peak else "MFU n/a (no peak)"
+        rows.append({
+            "benchmark": "train step",
+            "config": f"{label}: {t['shape']}, mesh {t['mesh']}",
+            "result": f"{t['tokens_per_s']:,.0f} real tokens/s; step {t['step_s'] * 1e3:,.1f} ms; "
+            f"{mfu} ({t['flops_per_step'] / 1e9:,.2f} GFLOP/step)",
+            "compile_s": t["compile_s"],
+        })
+    if corpus is not None:
+        seed_row = train.get("seed architecture")
+        padded = (f"; at the step time above, the seed's padded batches would carry "
+                  f"{seed_row['tokens_per_s'] * corpus.seed_real_fraction:,.0f} real tokens/s" if seed_row else "")
         rows.append({
             "benchmark": "padding",
-            "config": f"{corpus.source}",
-            "result": f"0% of trained tokens are padding (packed); padding every story to T=256 as the "
-            f"seed does would make {100 * (1 - corpus.seed_real_fraction):.0f}% of them padding "
-            f"(mean story {corpus.story_tokens_mean:.0f} tokens)",
+            "config": f"{corpus.source}, mean story {corpus.story_tokens_mean:.0f} tokens",
+            "result": f"packed windows: 0% of trained tokens are padding; padding every story to T=256 "
+            f"as the seed does: {100 * (1 - corpus.seed_real_fraction):.0f}% padding{padded}",
         })
 
     if corpus is not None and f"{preset.name} preset" in train:
@@ -173,7 +188,8 @@ def main(argv=None) -> int:
                 })
 
     if not args.no_nbval:
-        nb = section("notebooks under nbval", lambda: notebook_wall_times(env))
+        only = args.nbval_only.split(",") if args.nbval_only else None
+        nb = section("notebooks under nbval", lambda: notebook_wall_times(env, only))
         if nb:
             details["nbval"] = nb
             total = sum(r["seconds"] for r in nb)
@@ -183,10 +199,11 @@ def main(argv=None) -> int:
                     "config": r["notebook"],
                     "result": f"{r['seconds']:.0f} s ({r['pytest']})",
                 })
-            rows.append({"benchmark": "notebook under nbval", "config": "whole series",
+            series = "whole series" if not only else "these notebooks"
+            rows.append({"benchmark": "notebook under nbval", "config": series,
                          "result": f"{total:.0f} s ({len(nb)} notebooks)"})
             results["targets"].append({
-                "target": f"whole series under nbval ({len(nb)} notebooks)",
+                "target": f"{series} under nbval ({len(nb)} notebooks)",
                 "required": f"< {TARGET_SERIES_S / 60:.0f} min", "measured": f"{total / 60:.1f} min",
                 "met": total < TARGET_SERIES_S and all(r["passed"] for r in nb),
             })
