@@ -48,8 +48,8 @@ class Timing:
 
     @property
     def compile_s(self) -> float:
-        """The first call's excess over a warm run: tracing and compilation."""
-        return max(self.first_s - self.median_s, 0.0)
+        """The first call's excess over a warm run: tracing and compilation (nan: not measured)."""
+        return max(self.first_s - self.median_s, 0.0) if self.first_s == self.first_s else float("nan")
 
     def summary(self) -> dict:
         return {"first_s": self.first_s, "runs_s": self.runs_s, "median_s": self.median_s, "compile_s": self.compile_s}
@@ -61,12 +61,15 @@ def block(x):
 
 
 def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> Timing:
-    """Time `fn()` (which must return only when its work is done): first call, then `repeats`."""
-    start = time.perf_counter()
-    block(fn())
-    first = time.perf_counter() - start
-    for _ in range(warmup - 1):
+    """Time `fn()` (which must return only when its work is done): `warmup` calls, the first
+    of which is reported as `first_s` (it compiles), then `repeats` timed runs. warmup=0: the
+    caller has already warmed `fn` up."""
+    first = float("nan")
+    for i in range(warmup):
+        start = time.perf_counter()
         block(fn())
+        if i == 0:
+            first = time.perf_counter() - start
     runs, out = [], None
     for _ in range(repeats):
         start = time.perf_counter()
