@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--no-nbval", action="store_true", help="skip each notebook's wall time under nbval")
     ap.add_argument("--nbval-only", metavar="NAMES", help="time only these notebooks (comma-separated) under nbval")
+    ap.add_argument("--readme", action="store_true", help="also write the table into README.md's Performance section")
     ap.add_argument("--repeats", type=int, default=5, help="warm runs per measurement (median reported)")
     ap.add_argument("--notebook", default="01_minigpt", help="the notebook whose course-lib cells to load")
     args = ap.parse_args(argv)
@@ -218,6 +219,8 @@ def main(argv=None) -> int:
     results["machine"]["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
     results["machine"]["bench_wall_s"] = round(time.perf_counter() - started, 1)
     md_path, json_path = report.write(results)
+    if args.readme and not report.update_readme(results):
+        print("bench: README.md has no bench markers; not updated")
     print()
     print(report.markdown(results))
     print(f"bench: {results['machine']['bench_wall_s']:.0f} s; wrote {md_path.relative_to(ROOT)} and "

@@ -51,7 +51,8 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [
         f"Machine: {m['cpu']}, {m['cpu_cores']} cores (1-min load average {m['load_average_1min_at_start']} "
-        f"at start); JAX {m['jax']} on {m['devices']}; commit {m['commit']}; {m['date_utc']} UTC.",
+        f"at start, {m.get('load_average_1min_at_end', '?')} at end); JAX {m['jax']} on {m['devices']}; "
+        f"commit {m['commit']}; {m['date_utc']} UTC; the benchmark took {m.get('bench_wall_s', 0):.0f} s.",
         "",
         "| benchmark | configuration | result | compile (s) |",
         "|---|---|---|---|",
@@ -78,3 +79,18 @@ def write(results: dict) -> tuple[Path, Path]:
         (RESULTS / f"{name}.md").write_text(text)
         (RESULTS / f"{name}.json").write_text(blob)
     return RESULTS / "latest.md", RESULTS / "latest.json"
+
+
+README_BEGIN = "<!-- bench:begin (written by `make bench ARGS=--readme`) -->"
+README_END = "<!-- bench:end -->"
+
+
+def update_readme(results: dict, readme: Path = ROOT / "README.md") -> bool:
+    """Put this run's table between the bench markers of README.md; False if it has none."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{markdown(results)}{README_END}{tail}")
+    return True
