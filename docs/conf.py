@@ -56,6 +56,11 @@ exclude_patterns = [".*", "_build", "md", "data", "**/.ipynb_checkpoints"]
 # The notebooks are shown with the outputs committed by `make run`; the site never runs them.
 nb_execution_mode = "off"
 nb_merge_streams = True
+# IPython's traceback lexer ("ipythontb", MyST-NB's default) gives up on a frame whose
+# context shows part of a multi-line string (say, a docstring with `backticks`), and that
+# warning fails the -W build. The plain Python traceback lexer reads the same text without
+# errors and still colours the frames.
+nb_render_error_lexer = "pytb"
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "substitution"]
 # Lets docs/index.md link the repository without repeating its address.
 myst_substitutions = {"repository": f"[repository]({GITHUB_URL})"}
