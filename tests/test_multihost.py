@@ -1,11 +1,14 @@
 """The multi-process training script of notebook 05, run for real: 2 processes x 4 CPU devices.
 
 The script's only source is the notebook: its `%%writefile` cells in md/05_multihost.md. We
-assemble them as the notebook does, then check that the 2-process job trains exactly like one
-process with 8 devices, writes a checkpoint collectively, and that a process crashing in the
-middle of training ends the job promptly with a clear message and leaves no process behind.
+assemble them as the notebook does, then check that the 2-process job trains like one process
+with 8 devices (to float32 round-off), writes a checkpoint collectively, and that a process
+crashing in the middle of training ends the job promptly with a clear message and leaves no
+process behind. The launcher's bookkeeping of exits, and the check of --model-axis against the
+model, are tested on their own, without JAX.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -122,3 +125,40 @@ def test_a_hang_hits_the_timeout(workdir):
     assert code == 124 and "timed out" in output, output
     assert seconds < 5 + 30
     assert not workers_alive(workdir), "a worker outlived the launcher"
+
+
+@pytest.fixture(scope="module")
+def script(workdir):
+    """The assembled script, imported as a module (its top level imports only the standard library)."""
+    spec = importlib.util.spec_from_file_location("multihost_train_under_test", workdir / "multihost_train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("exit_codes", "expected"), [
+    ((0, 0), 0),
+    ((3, 0), 1),  # both end before the launcher first waits: the failure must not be overlooked
+    ((0, 3), 1),
+    ((3, 3, 0, 0), 1),
+])
+def test_the_launcher_sees_every_exit(script, monkeypatch, capsys, exit_codes, expected):
+    """Workers that end at once, even before the launcher waits, are all examined."""
+    commands = [[sys.executable, "-c", f"import sys; sys.exit({c})"] for c in exit_codes]
+    monkeypatch.setattr(script, "worker_commands", lambda args: (commands, dict(os.environ)))
+    args = script.parse_args(["--launch", str(len(commands)), "--tokens", "t.npy", "--vocab", "8",
+                              "--timeout", "60"])
+    for _ in range(5):  # the races are timing-dependent: try a few times
+        start = time.monotonic()
+        assert script.launch(args) == expected
+        assert time.monotonic() - start < 30, "the launcher waited for the timeout"
+        if expected:
+            assert "failed (exit code 3)" in capsys.readouterr().err
+
+
+def test_model_axis_is_checked_against_the_model(script):
+    cfg = script.Config(V=400, T=64)  # N = 4 heads
+    for ok in (1, 2, 4):
+        script.check_model_axis(cfg, ok)
+    with pytest.raises(ValueError, match=r"--model-axis 8 does not divide .*N \(heads\).*\[1, 2, 4\]"):
+        script.check_model_axis(cfg, 8)
