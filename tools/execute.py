@@ -17,8 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import ipykernel.kernelspec
 import jupytext
 import nbformat
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,6 +60,14 @@ def scrub_paths(nb) -> None:
                     out["data"][mime] = value
 
 
+class ThisPython(KernelSpecManager):
+    """Run every kernel on this interpreter (the .venv), whatever kernels the user installed."""
+
+    def get_kernel_spec(self, kernel_name):
+        return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
+                                      **ipykernel.kernelspec.get_kernel_dict())
+
+
 def execute(name: str) -> float:
     md, ipynb = ROOT / "md" / f"{name}.md", ROOT / "notebooks" / f"{name}.ipynb"
     if not md.exists():
@@ -66,8 +77,8 @@ def execute(name: str) -> float:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     client = NotebookClient(
         nb,
+        km=KernelManager(kernel_name="python3", kernel_spec_manager=ThisPython()),
         timeout=CELL_TIMEOUT_S,
-        kernel_name="python3",
         resources={"metadata": {"path": str(ROOT / "notebooks")}},
         record_timing=False,
     )
