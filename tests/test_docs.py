@@ -267,3 +267,13 @@ def test_minigpt_has_a_page(site):
     if not (ROOT / "notebooks" / f"{MINIGPT}.ipynb").exists():
         pytest.skip(f"notebooks/{MINIGPT}.ipynb is not written yet, so its page is not checked")
     assert page_path(MINIGPT).exists()
+
+
+def test_readme_links_use_the_one_repository_location():
+    """README's launch links are written by hand: they must match docs/conf.py's, notebook by notebook."""
+    readme = (ROOT / "README.md").read_text()
+    for nb in NOTEBOOKS:
+        path = f"notebooks/{nb.name}"
+        for url in (CONF.colab_url(path), CONF.kaggle_url(path)):
+            assert f"({url})" in readme, f"README.md lacks {url}: its links must follow GITHUB_REPO in docs/conf.py"
+        assert f"]({path})" in readme, f"README.md's table should link {path}"
