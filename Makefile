@@ -20,6 +20,9 @@ help:
 	@echo "make docs          build the documentation site from the committed notebooks into _build/html"
 
 $(STAMP): requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	  echo "make: the pinned stack (jax 0.10.2) needs Python >= 3.11; $(PYTHON) is $$($(PYTHON) -V 2>&1)."; \
+	  echo "      Run e.g. make PYTHON=python3.11 $(MAKECMDGOALS)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt

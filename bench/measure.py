@@ -17,20 +17,26 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# Dense bf16 peak per chip (vendor data sheets), for MFU on accelerators. Looked up by a
-# substring of `device_kind`; an unknown accelerator falls back to the measured matmul rate.
+# Dense bf16 peak per JAX device (vendor data sheets), for MFU on accelerators. Looked up by
+# the first key that is a substring of `device_kind`, so specific keys come before generic
+# ones; an unknown accelerator falls back to the measured matmul rate. TPU v2/v3 chips show
+# up as two JAX devices each (one per core), so their rows are per core.
 ACCELERATOR_PEAK_FLOPS = {
-    "H200": 989e12,  # SXM, dense bf16
-    "H100": 989e12,  # SXM; the PCIe card is 756e12
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H100": 989e12,  # SXM
+    "H200": 989e12,
     "A100": 312e12,
     "L4": 121e12,
-    "T4": 65e12,
     "TPU v5 lite": 197e12,  # v5e
     "TPU v5e": 197e12,
+    "TPU v5": 459e12,  # v5p
+    "TPU v6": 918e12,  # v6e (Trillium)
     "TPU v4": 275e12,
-    "TPU v3": 123e12,
-    "TPU v2": 45e12,
-    "TPU v6": 918e12,
+    "TPU v3": 61.5e12,  # 123e12 per chip, 2 cores
+    "TPU v2": 22.5e12,  # 45e12 per chip, 2 cores
+    # T4, P100 and V100 have no bf16 matmul units: they are measured instead (in the dtype the
+    # preset computes in).
 }
 
 
