@@ -4,14 +4,16 @@ The script's only source is the notebook: its `%%writefile` cells in md/05_multi
 assemble them as the notebook does, then check that the 2-process job trains like one process
 with 8 devices (to float32 round-off), writes a checkpoint collectively, and that a process
 crashing in the middle of training ends the job promptly with a clear message and leaves no
-process behind. The launcher's bookkeeping of exits, and the check of --model-axis against the
-model, are tested on their own, without JAX.
+process behind, even when the launcher itself is killed. The launcher's bookkeeping of exits,
+the validation of the command line and the check of --model-axis against the model are tested
+on their own, without JAX.
 """
 
 import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +39,10 @@ def script_source() -> str:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A folder with multihost_train.py and tokens.npy (the offline corpus, compact vocabulary)."""
+    """A folder with multihost_train.py and tokens.npy (the offline corpus, compact vocabulary).
+
+    The tokens are prepared as in the notebook's data cells (keep the two in step).
+    """
     import tiktoken
 
     folder = tmp_path_factory.mktemp("multihost")
@@ -68,17 +73,28 @@ def result_of(output: str) -> dict:
     return json.loads(lines[0].removeprefix("RESULT "))
 
 
-def workers_alive(folder: Path) -> list[str]:
-    """Command lines of processes still running our script (Linux /proc)."""
-    alive = []
+def workers_alive(folder: Path) -> dict[int, str]:
+    """{pid: command line} of the workers still running our script (Linux /proc).
+
+    Workers run the script by its absolute path, which contains `folder`; the launcher runs it
+    by a relative one (cwd=folder), so it is not counted.
+    """
+    alive = {}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             args = cmdline.read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
         if any(a.endswith("multihost_train.py") for a in args) and str(folder) in " ".join(args):
-            alive.append(" ".join(args))
+            alive[int(cmdline.parent.name)] = " ".join(args)
     return alive
+
+
+def stop_seconds(output: str, count: int) -> float:
+    """How long the launcher took to stop `count` running workers, from its last message."""
+    match = re.search(rf"launcher: stopped {count} process\(es\) in ([0-9.]+) s", output)
+    assert match, f"the launcher did not report stopping {count} process(es):\n{output}"
+    return float(match[1])
 
 
 def test_script_passes_ruff(workdir):
@@ -116,15 +132,47 @@ def test_a_crash_mid_training_stops_the_job(workdir):
     assert "launcher: process 1 failed" in output and "injected failure on process 1 at step 1" in output
     assert "step 0" in output, "the crash should come after a completed step"
     assert seconds < JOB_TIMEOUT_S, "the launcher waited for the timeout instead of reacting to the crash"
+    # Process 0 is connected, so JAX catches SIGTERM (a preemption notice) and it would go on
+    # waiting in its collective: the launcher must SIGKILL it, which takes a moment. (Should
+    # process 0 notice the closed connection and fail first, there is nothing left to stop.)
+    if "launcher: stopped" in output:
+        assert stop_seconds(output, 1) < 5, "process 0 was not stopped promptly"
     assert not workers_alive(workdir), "a worker outlived the launcher"
 
 
 def test_a_hang_hits_the_timeout(workdir):
+    """Process 1 hangs once connected; both are alive, connected (so JAX catches SIGTERM), and stuck."""
     code, output, seconds = run_job(workdir, "--launch", "2", "--inject", "hang", "--inject-step", "-1",
-                                    timeout_s=5)
+                                    timeout_s=10)
     assert code == 124 and "timed out" in output, output
-    assert seconds < 5 + 30
+    assert seconds < 10 + 30
+    assert stop_seconds(output, 2) < 5, "the workers were not stopped promptly"
     assert not workers_alive(workdir), "a worker outlived the launcher"
+
+
+def test_workers_die_with_a_killed_launcher(workdir):
+    """SIGKILL skips the launcher's `finally`: the workers' parent-death signal must end them."""
+    vocab = workdir.joinpath("vocab.txt").read_text()
+    launcher = subprocess.Popen(
+        [sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab, "--launch", "2",
+         "--inject", "hang", "--inject-step", "-2", "--timeout", str(JOB_TIMEOUT_S)],
+        cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers_alive(workdir)) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.1)
+        time.sleep(2)  # let them get past their start-up, into JAX
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while workers_alive(workdir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not workers_alive(workdir), "workers outlived a SIGKILLed launcher"
+    finally:
+        launcher.kill()
+        for pid in workers_alive(workdir):  # if the test failed, leave nothing behind
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +202,30 @@ def test_the_launcher_sees_every_exit(script, monkeypatch, capsys, exit_codes, e
         assert time.monotonic() - start < 30, "the launcher waited for the timeout"
         if expected:
             assert "failed (exit code 3)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--coordinator", "h:1"], "--coordinator, --num-processes and --process-id together"),
+    (["--num-processes", "2", "--process-id", "0"], "--coordinator, --num-processes and --process-id together"),
+    (["--coordinator", "h:1", "--num-processes", "2", "--process-id", "2"], "--process-id 2 is not in 0 ... 1"),
+    (["--steps", "0"], "--steps must be positive"),
+    (["--launch", "0"], "N must be 1 or more"),
+    (["--launch", "2", "--coordinator", "h:1"], "don't pass them too"),
+    (["--launch", "2", "--model-axis", "3"], "--model-axis 3 must divide --devices-per-process 4"),
+    (["--launch", "2", "--batch", "6"], "--batch 6 must be a multiple of the `data` axis, 4"),
+])
+def test_bad_command_lines_say_what_to_do(script, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        script.parse_args(["--tokens", "t.npy", "--vocab", "8", *flags])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_good_command_lines_pass(script):
+    script.parse_args(["--tokens", "t.npy", "--vocab", "8"])  # a worker on a detected cluster
+    script.parse_args(["--tokens", "t.npy", "--vocab", "8", "--coordinator", "h:1", "--num-processes", "2",
+                       "--process-id", "1"])
+    script.parse_args(["--tokens", "t.npy", "--vocab", "8", "--launch", "1", "--devices-per-process", "8"])
 
 
 def test_model_axis_is_checked_against_the_model(script):
