@@ -3,7 +3,8 @@
 The test captures its own small trace in a temporary folder (in a subprocess, so this
 process never starts JAX), starts `xprof --logdir DIR --port PORT` on free ports, asks
 `http://127.0.0.1:PORT/data/plugin/profile/runs` until the run is listed (bounded wait),
-and always stops the server by its PID.
+checks that the server converts the capture into the trace viewer's data (the events of
+the traced steps), and always stops the server by its PID.
 
 The server binds to the wildcard address (xprof 2.24.2 has no host flag); the test only
 talks to it over 127.0.0.1. It also starts a gRPC worker on `--grpc_port` (default 50051),
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -95,6 +97,15 @@ def test_xprof_server_lists_the_captured_run(trace_dir):
         assert any(run_name in str(run) for run in runs), f"{run_name} not in {runs}"
         # The front page is served too (what a reader opens in the browser).
         assert b"<html" in get(f"http://127.0.0.1:{port}/").lower()
+        # The server reads the capture: the trace viewer's data holds the three traced steps.
+        query = f"run={urllib.parse.quote(run_name)}&tag=trace_viewer@"
+        hosts = json.loads(get(f"http://127.0.0.1:{port}/data/plugin/profile/hosts?{query}", timeout_s=60))
+        assert hosts and all("hostname" in h for h in hosts), hosts
+        host = urllib.parse.quote(hosts[0]["hostname"])
+        trace = json.loads(get(f"http://127.0.0.1:{port}/data/plugin/profile/data?{query}&host={host}", timeout_s=120))
+        names = {e.get("name") for e in trace.get("traceEvents", []) if e.get("ph") == "X"}
+        steps = {f"train {i}" for i in range(3)}  # a StepTraceAnnotation shows as "<name> <step_num>"
+        assert steps <= names, f"the traced steps {sorted(steps - names)} are missing from the trace viewer's data"
     finally:
         os.kill(server.pid, signal.SIGTERM)
         try:
@@ -103,4 +114,3 @@ def test_xprof_server_lists_the_captured_run(trace_dir):
             os.kill(server.pid, signal.SIGKILL)
             server.wait(timeout=10)
         log.close()
-    assert server.returncode is not None
