@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     lib = section("load notebook", lambda: load_course_lib(args.notebook))
     preset = corpus = None
     if lib is not None:
-        preset = lib.preset_for(jax.default_backend()) if hasattr(lib, "preset_for") else lib.PRESETS["cpu"]
+        preset = lib.preset_for()  # chosen from jax.devices(): platform, kind, count
         corpus = section("tokenise corpus", lambda: minigpt.Corpus(lib, preset))
 
     # The matmul rate is measured before and after the train steps; on a shared machine the

@@ -1,7 +1,7 @@
 """Benchmarks of notebook 01's MiniGPT, run through the notebook's own code.
 
 `lib` is the namespace of 01_minigpt's `course-lib` cells (bench/course.py). Used from it:
-`preset_for(backend)`, `EOT_ID`, `make_mesh(cfg)`, `create_model(cfg, mesh)` (-> model,
+`preset_for()`, `EOT_ID`, `make_mesh(cfg)`, `create_model(cfg, mesh)` (-> model,
 optimizer), `load_stories(split)`, `gpt2_tokenizer()`, `tokenize_stories(text, tokenizer)`,
 `make_train_iter(stream, cfg)`, `to_global(batch, mesh)`, `train_step(model, optimizer,
 batch)`, `generate(model, prompt_ids, key, max_new=, temperature=, top_k=)`,
