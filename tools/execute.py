@@ -22,6 +22,7 @@ import jupytext
 import nbformat
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
+from jupytext.config import load_jupytext_config
 from nbclient import NotebookClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,7 +88,8 @@ def execute(name: str) -> float:
     seconds = time.perf_counter() - start
     scrub_paths(nb)
     nbformat.write(nb, ipynb)
-    jupytext.write(jupytext.read(ipynb), md, fmt="md:myst")
+    # jupytext.toml's metadata filters, as `make sync` applies them (no YAML header in the .md)
+    jupytext.write(jupytext.read(ipynb), md, fmt="md:myst", config=load_jupytext_config(str(ROOT)))
     return seconds
 
 
