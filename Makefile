@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NB     ?=
 
-.PHONY: help run test test-devices lint sync data clean docs bench
+.PHONY: help run test test-devices lint sync data clean docs bench constraints
 
 help:
 	@echo "make run           execute every notebook in place (NB=01_minigpt for one)"
@@ -18,14 +18,15 @@ help:
 	@echo "make data          write the offline tokenizer cache and corpus under .cache/"
 	@echo "make bench         speed vs the seed baselines and the hardware (NBVAL=0 skips the notebooks' wall times)"
 	@echo "make docs          build the documentation site from the committed notebooks into _build/html"
+	@echo "make constraints   after editing requirements.txt: reinstall from it and freeze constraints.txt"
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
 	  echo "make: the pinned stack (jax 0.10.2) needs Python >= 3.11; $(PYTHON) is $$($(PYTHON) -V 2>&1)."; \
 	  echo "      Run e.g. make PYTHON=python3.11 $(MAKECMDGOALS)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
 	touch $@
 
 data: $(STAMP)
@@ -61,6 +62,13 @@ docs: $(STAMP)
 # bench/results/latest.{md,json}. NBVAL=0 skips running every notebook under nbval (~10 min).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(if $(filter 0 no false,$(NBVAL)),--no-nbval) $(ARGS)
+
+# After a change to requirements.txt: a clean environment from the new pins alone, frozen.
+constraints:
+	rm -rf $(VENV) && $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	{ sed -n '1,3p' constraints.txt; $(BIN)/pip freeze | grep -v '^-e'; } > constraints.tmp && mv constraints.tmp constraints.txt
+	touch $(STAMP)
 
 clean:
 	rm -rf .cache _build
