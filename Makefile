@@ -1,7 +1,14 @@
 # Two commands do everything on a fresh clone: `make run` and `make test`.
 # Every target creates .venv and installs the pinned requirements when they are missing.
 
-PYTHON ?= python3
+# The course runs on Python >= 3.12 (what Colab and Kaggle run). Unless PYTHON=... is given,
+# use the first Python >= 3.12 found: on PATH, then under pyenv (whose shims need
+# PYENV_VERSION, so the interpreters are called directly).
+PY_CANDIDATES := python3.12 python3.13 python3.14 python3 python \
+  $(sort $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python))
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(firstword $(foreach p,$(PY_CANDIDATES),$(shell $(p) -c 'import sys; print(sys.version_info >= (3, 12))' 2>/dev/null | grep -q True && command -v $(p))))
+endif
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -21,9 +28,11 @@ help:
 	@echo "make constraints   after editing requirements.txt: reinstall from it and freeze constraints.txt"
 
 $(STAMP): requirements.txt constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
-	  echo "make: the pinned stack (jax 0.10.2) needs Python >= 3.11; $(PYTHON) is $$($(PYTHON) -V 2>&1)."; \
-	  echo "      Run e.g. make PYTHON=python3.11 $(MAKECMDGOALS)"; exit 1; }
+	@test -n "$(PYTHON)" && $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || { \
+	  echo "make: the course needs Python >= 3.12 (JAX 0.12 dropped 3.11) and found none$(if $(PYTHON), ($(PYTHON) is $$($(PYTHON) -V 2>&1))); install one, or run make PYTHON=/path/to/python3.12 $(MAKECMDGOALS)"; exit 1; }
+	@# a .venv left by an older Python (the course ran on 3.11 before) is rebuilt
+	@if [ -x $(BIN)/python ] && ! $(BIN)/python -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then \
+	  echo "make: $(VENV) was made by $$($(BIN)/python -V); rebuilding it with $(PYTHON)"; rm -rf $(VENV); fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt

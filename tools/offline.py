@@ -308,6 +308,9 @@ def course_env(environ=os.environ) -> dict[str, str]:
         "XLA_FLAGS": flags.strip(),
         "JAX_PLATFORMS": environ.get("JAX_PLATFORMS", "cpu"),
         "TF_CPP_MIN_LOG_LEVEL": environ.get("TF_CPP_MIN_LOG_LEVEL", "3"),
+        # libtpu (the TPU compiler the notebooks use without a TPU) lets one process at a
+        # time hold it unless told otherwise; tests and notebooks may overlap.
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
         **prepare(),
     }
 
