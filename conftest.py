@@ -6,12 +6,21 @@ Runs at import, before any notebook kernel starts, so that every kernel inherits
   (``make test-devices`` runs the notebooks at 1, 2 and 4). A caller who already put
   ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS`` keeps it;
 * ``TIKTOKEN_CACHE_DIR`` and ``COURSE_DATA_DIR``: the GPT-2 vocabulary and the offline
-  TinyStories-format corpus (tools/offline.py), so nothing waits on the network.
+  TinyStories-format corpus (tools/offline.py), so nothing waits on the network;
+* proxy variables that point at a closed local port (``offline.no_network_env``), so a
+  download that slipped into a notebook fails at once. `make test` also runs pytest in a
+  network namespace with loopback only (``tools/offline.py --no-network``), where even a raw
+  socket cannot leave the machine.
+
+It also makes nbval fail a cell tagged ``raises-exception`` that no longer raises (nbval
+itself only lets such a cell fail; it does not require it to).
 """
 
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
@@ -19,11 +28,14 @@ sys.path.insert(0, str(ROOT / "tools"))
 import offline  # noqa: E402
 
 os.environ.update(offline.course_env())
+os.environ.update(offline.no_network_env())
 DEVICES = offline.emulated_devices()
 
 
 def pytest_report_header(config):
-    return f"notebooks run on {DEVICES} emulated CPU devices; data in {os.environ['COURSE_DATA_DIR']}"
+    network = os.environ.get("COURSE_NETWORK", "proxies at a closed port only (no network namespace)")
+    return (f"notebooks run on {DEVICES} emulated CPU devices; data in {os.environ['COURSE_DATA_DIR']}; "
+            f"network: {network}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,3 +46,23 @@ def pytest_collection_modifyitems(config, items):
         options = getattr(item, "options", None)
         if isinstance(options, dict) and "check" in options:
             options["check"] = False
+
+
+def expects_exception(item) -> bool:
+    """An nbval cell marked to raise: tag `raises-exception`, or `# NBVAL_RAISES_EXCEPTION`."""
+    cell = getattr(item, "cell", None)
+    if cell is None or not isinstance(getattr(item, "options", None), dict):
+        return False
+    tags = cell.get("metadata", {}).get("tags", [])
+    return "raises-exception" in tags or "NBVAL_RAISES_EXCEPTION" in cell.get("source", "").split("\n", 1)[0]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    if expects_exception(item):
+        outputs = getattr(item, "test_outputs", None) or []
+        if not any(out.get("output_type") == "error" for out in outputs):
+            item.raise_cell_error(f"{item.name} is tagged raises-exception but raised nothing: the error it "
+                                  "shows stopped happening. Fix the cell, or remove the tag and the claim.")
+    return result

@@ -68,9 +68,15 @@ def test_committed_outputs_are_clean(ipynb):
         assert cell.get("execution_count") is not None, f"{where} never ran; `make run NB={ipynb.stem}`"
         counts.append(cell["execution_count"])
         tags = cell.get("metadata", {}).get("tags", [])
+        errors = [out for out in cell.get("outputs", []) if out["output_type"] == "error"]
+        # Both ways: an error only where the tag allows one, and a tagged cell must show one
+        # (otherwise the tag lets a demonstration that stopped failing pass unnoticed).
+        if errors:
+            assert "raises-exception" in tags, f"{where} has an error output: {errors[0]['ename']}"
+        if "raises-exception" in tags:
+            assert errors, (f"{where} is tagged raises-exception but its output has no error: the error "
+                            "it shows stopped happening; fix the cell or drop the tag")
         for out in cell.get("outputs", []):
-            if out["output_type"] == "error":
-                assert "raises-exception" in tags, f"{where} has an error output: {out['ename']}"
             found = MACHINE_PATHS.search(json.dumps(out))
             assert not found, f"{where}: its output shows a machine path {found.group(0)!r}"
     assert counts == list(range(1, len(counts) + 1)), f"{ipynb.stem}: cells not executed once, in order"

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import offline  # noqa: E402
 
@@ -123,3 +125,122 @@ def test_minigpt_download_stops_after_the_text_the_preset_reads(tmp_path, monkey
         assert "no network" in str(e) and "make data" in str(e)
     else:
         raise AssertionError("a failed download must raise a RuntimeError that says what to do")
+
+
+# --------------------------------------------------------------------------------------
+# Every notebook's copy of `load_stories`, on its download path (the network is never used:
+# urlopen is replaced by a server of bytes, or fails as it does offline).
+# --------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+LOADERS = sorted(p for p in (ROOT / "md").glob("*.md") if "def load_stories(" in p.read_text())
+
+
+def notebook_load_stories(md: Path):
+    """`load_stories` (and TINYSTORIES_URL) exactly as md/NAME.md defines them, and nothing else
+    of their cell: the two top-level statements are taken from the cell's syntax tree."""
+    import ast
+    import http.client
+    import urllib.request
+
+    text = md.read_text()
+    start = text.rindex("```{code-cell}", 0, text.index("def load_stories("))
+    body = text[text.index("\n", start) + 1 : text.index("\n```", start)]
+    body = "\n".join(line for line in body.splitlines() if not line.startswith(":tags:"))
+    tree = ast.parse(body)
+    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "load_stories")
+            or (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "TINYSTORIES_URL" for t in n.targets))]
+    namespace = {"os": os, "http": http, "urllib": urllib, "Path": Path}
+    exec(compile(ast.Module(keep, []), str(md), "exec"), namespace)  # noqa: S102
+    assert "TINYSTORIES_URL" in namespace, f"{md.name}: load_stories' cell has no TINYSTORIES_URL"
+    return namespace["load_stories"]
+
+
+def test_every_copy_of_load_stories_is_tested():
+    assert {p.stem for p in LOADERS} >= {"00_setup", "01_minigpt", "03_tensor_parallel_transformer"}, LOADERS
+
+
+@pytest.mark.parametrize("md", LOADERS, ids=lambda p: p.stem)
+def test_load_stories_downloads_then_reads_the_file(md, tmp_path, monkeypatch):
+    import urllib.request
+
+    load_stories = notebook_load_stories(md)
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))
+    served = "".join(f"Story {i}: Zoé found a café.\n<|endoftext|>\n" for i in range(2000)).encode()
+    fetched = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: fetched.append(url) or _Response(served))
+    text, source = load_stories("valid")
+    assert (text.encode(), source) == (served, "TinyStories"), f"{md.stem}: the download is the text returned"
+    assert fetched and fetched[0].endswith("TinyStories-valid.txt"), fetched
+    assert (tmp_path / "data" / "TinyStories-valid.txt").read_bytes() == served
+    assert not list((tmp_path / "data").glob("*.part")), "the partial file was renamed"
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: (_ for _ in ()).throw(OSError("offline")))
+    assert load_stories("valid") == (text, "TinyStories"), "the second call reads the file, no download"
+
+
+@pytest.mark.parametrize("md", LOADERS, ids=lambda p: p.stem)
+def test_load_stories_offline_fails_fast_and_says_what_to_do(md, tmp_path, monkeypatch):
+    """The real urlopen, under the tests' no-network environment (conftest.py): it must fail at
+    once, not after the 60 s timeout, with the clear RuntimeError."""
+    import time
+
+    load_stories = notebook_load_stories(md)
+    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "empty"))
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="make data") as info:
+        load_stories("valid")
+    assert time.perf_counter() - start < 30, "the download attempt waited instead of failing"
+    assert isinstance(info.value.__cause__, OSError), info.value.__cause__
+    assert not list((tmp_path / "empty").glob("TinyStories-*")), "nothing is left behind"
+
+
+def test_a_download_fails_at_once_under_the_test_environment():
+    """conftest.py's proxies (and, under `make test`, the network namespace) stop any download."""
+    code = ("import time, urllib.request\nstart = time.perf_counter()\ntry:\n"
+            "    urllib.request.urlopen('https://huggingface.co/', timeout=60)\n"
+            "except OSError as e:\n    print(type(e).__name__, round(time.perf_counter() - start, 1))\n"
+            "else:\n    print('DOWNLOADED')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kind, seconds = out.stdout.split()
+    assert kind == "URLError" and float(seconds) < 10, out.stdout
+
+
+def test_no_network_runs_a_command_with_loopback_only():
+    """`tools/offline.py --no-network -- CMD`: even a raw socket to a public address fails at once
+    where the kernel allows a network namespace; loopback works (the kernels need it)."""
+    code = ("import os, socket\nprint(os.environ['COURSE_NETWORK'])\n"
+            "server = socket.create_server(('127.0.0.1', 0)); socket.create_connection(server.getsockname())\n"
+            "try:\n    socket.create_connection(('1.1.1.1', 443), timeout=20)\n"
+            "except OSError as e:\n    print('blocked', type(e).__name__)\nelse:\n    print('CONNECTED')\n")
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "offline.py"), "--no-network", "--",
+                          sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].startswith("offline: "), lines
+    if "proxies only" in lines[1]:
+        pytest.skip(f"this kernel allows no network namespace: {lines[1]}")
+    assert lines[-1].startswith("blocked"), lines
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"CPU_DEVICES": "two"}, "CPU_DEVICES='two': give a positive number"),
+    ({"CPU_DEVICES": "0"}, "CPU_DEVICES='0': give a positive number"),
+    ({"CPU_DEVICES": "-4"}, "CPU_DEVICES='-4': give a positive number"),
+    ({"CPU_DEVICES": "2", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+     "CPU_DEVICES=2 but XLA_FLAGS sets --xla_force_host_platform_device_count=8: unset one"),
+])
+def test_bad_device_counts_are_refused_clearly(environ, message):
+    with pytest.raises(ValueError) as info:
+        offline.emulated_devices(environ)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("environ, devices", [
+    ({}, 8), ({"CPU_DEVICES": "1"}, 1), ({"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}, 4),
+    ({"CPU_DEVICES": "2", "XLA_FLAGS": "--foo --xla_force_host_platform_device_count=2"}, 2),
+])
+def test_device_counts(environ, devices):
+    assert offline.emulated_devices(environ) == devices
+    flags = offline.course_env(environ)["XLA_FLAGS"]
+    assert re.findall(r"--xla_force_host_platform_device_count=(\d+)", flags) == [str(devices)], flags

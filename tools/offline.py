@@ -16,16 +16,27 @@ that point the notebooks at them:
   notebooks say which one they used.
 
 Run ``python tools/offline.py`` to create them under ``.cache/`` and print the variables.
+
+The tests also make sure nothing *can* download: ``no_network_env()`` points the proxy
+variables at a closed local port (urllib, requests and pip then fail at once, while
+``localhost`` stays reachable), and ``python tools/offline.py --no-network -- CMD ...`` runs
+CMD in a network namespace of its own with only the loopback interface up, where the kernel
+allows one (root, or unprivileged user namespaces), so even a raw socket cannot leave the
+machine. `make test` and `make bench` run pytest that way.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import importlib.resources
 import os
 import random
 import re
+import socket
+import struct
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -315,7 +326,83 @@ def course_env(environ=os.environ) -> dict[str, str]:
     }
 
 
+# --------------------------------------------------------------------------------------
+# No network: what the tests run under, so that a hidden download fails instead of passing
+# on a machine that happens to be online.
+# --------------------------------------------------------------------------------------
+
+CLOSED_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens there
+LOCAL_HOSTS = "localhost,127.0.0.1,::1"
+
+
+def no_network_env() -> dict[str, str]:
+    """Proxy variables that make every HTTP(S) client that honours them fail at once on
+    any host but this one (the jupyter kernels, the xprof server and the multi-host
+    coordinator talk over localhost)."""
+    env = {}
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        env[name] = env[name.lower()] = CLOSED_PROXY
+    env["NO_PROXY"] = env["no_proxy"] = LOCAL_HOSTS
+    return env
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _loopback_up() -> None:
+    """Bring `lo` up in a fresh network namespace (it starts down): SIOCSIFFLAGS |= IFF_UP."""
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack("16sh", fcntl.ioctl(s, siocgifflags, struct.pack("16sh", b"lo", 0)))[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
+
+
+def isolate_network() -> str:
+    """Move this process into a network namespace with only loopback; say how, or why not.
+
+    As root, a new network namespace; otherwise a user namespace that maps this user onto
+    itself, with a network namespace inside. Returns one line for the log.
+    """
+    if not hasattr(os, "unshare"):
+        return "no network namespace (os.unshare needs Linux and Python >= 3.12); proxies only"
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        os.unshare(os.CLONE_NEWNET)
+        how = "network namespace"
+    except PermissionError:
+        try:
+            os.unshare(os.CLONE_NEWUSER | os.CLONE_NEWNET)
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+            how = "user + network namespace"
+        except OSError as e:
+            return f"no network namespace ({type(e).__name__}: {e}); proxies only"
+    except OSError as e:
+        return f"no network namespace ({type(e).__name__}: {e}); proxies only"
+    try:
+        _loopback_up()
+    except OSError as e:  # without loopback the kernels cannot start: better to stop here
+        raise SystemExit(f"offline: made a {how} but could not bring loopback up: {e}") from e
+    return f"{how} with loopback only"
+
+
+def exec_without_network(argv: list[str]) -> None:
+    """Replace this process by argv, with no network (namespace where possible, proxies always)."""
+    if not argv:
+        raise SystemExit("offline: --no-network needs a command after --")
+    how = isolate_network()
+    os.environ.update(no_network_env(), COURSE_NETWORK=how)
+    print(f"offline: {how}; running {' '.join(argv[:3])}{' ...' if len(argv) > 3 else ''}", flush=True)
+    os.execvp(argv[0], argv)
+
+
 if __name__ == "__main__":
+    if "--no-network" in sys.argv[1:]:
+        rest = sys.argv[sys.argv.index("--no-network") + 1 :]
+        exec_without_network(rest[1:] if rest[:1] == ["--"] else rest)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=CACHE)
     args = ap.parse_args()
