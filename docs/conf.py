@@ -103,8 +103,8 @@ ONE_LINERS = {
 }
 
 
-def notebooks() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("*.ipynb"))
+def notebooks(root: Path = ROOT) -> list[Path]:
+    return sorted((root / "notebooks").glob("*.ipynb"))
 
 
 def _markdown_cells(path: Path) -> list[str]:
@@ -128,10 +128,10 @@ def notebook_hardware(path: Path) -> str:
     return "See the notebook's hardware note."
 
 
-def notebook_list() -> str:
+def notebook_list(root: Path = ROOT) -> str:
     """The home page's list of notebooks, as MyST markdown (its cross-references are checked)."""
     items = []
-    for path in notebooks():
+    for path in notebooks(root):
         stem, repo_path = path.stem, f"notebooks/{path.name}"
         number, summary = stem.split("_", 1)[0], ONE_LINERS.get(stem, "")
         items.append(
@@ -144,7 +144,118 @@ def notebook_list() -> str:
 
 def insert_notebook_list(app, docname, source):
     if docname == root_doc:
-        source[0] = source[0].replace("% NOTEBOOK-LIST", notebook_list())
+        source[0] = source[0].replace("% NOTEBOOK-LIST", notebook_list(Path(app.srcdir)))
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson and proof apart (CONTRIBUTING.md): code cells tagged `check` (verification) or
+# `helper` (machinery) are folded wherever the notebook is read. On this site they become
+# MyST-NB's own collapsible cells (what its `hide-input` / `hide-cell` tags make), labelled
+# with what they hide; the tags stay as they are in the notebooks. tools/execute.py applies the
+# same rule (fold_mode) to the .ipynb's metadata for JupyterLab, Kaggle and Colab.
+FOLD_KINDS = {"check": "Check", "helper": "Helper"}
+LABEL_CHARS = 72
+
+
+def fold_kind(tags) -> str | None:
+    """'check' or 'helper' for a cell carrying one of those tags, else None."""
+    return next((kind for kind in FOLD_KINDS if kind in (tags or [])), None)
+
+
+def fold_mode(tags, outputs) -> str | None:
+    """What the fold of a code cell hides: None, "input" (the source; its output stays in view)
+    or "all" (source and output under one fold); MyST-NB's names (render.py's hide_mode).
+
+    A check's printed lines explain the results the lesson talks about: its output stays in
+    view and only its source folds. A helper folds whole, unless it shows a picture or a table
+    (a display output richer than plain text), which stays in view. MyST-NB's own tags on the
+    cell decide where given: `hide-input` keeps the output in view, `hide-cell` folds it too.
+    """
+    tags = tags or []
+    kind = fold_kind(tags)
+    if kind is None:
+        return None
+    if "hide-cell" in tags:
+        return "all"
+    if kind == "check" or "hide-input" in tags:
+        return "input+output" if "hide-output" in tags else "input"
+    for out in outputs or []:
+        if out.get("output_type") in ("display_data", "execute_result") and (
+            set(out.get("data", {})) - {"text/plain"}
+        ):
+            return "input"
+    return "all"
+
+
+def fold_title(source: str) -> str:
+    """What a folded cell does, in a few words: its first comment line ('# check: ...',
+    '# helper: ...', '# @title ...' prefixes dropped; nbval flags skipped), else the names it
+    defines; '' when neither says anything."""
+    for line in source.splitlines():
+        text = line.strip()
+        if not text:
+            continue
+        if not text.startswith("#"):
+            break
+        text = text.lstrip("#").strip()
+        if not text or text.startswith(("NBVAL_", "noqa", "type:", "fmt:")):
+            continue
+        text = re.sub(r"^@title\s*", "", text)
+        text = re.sub(r"^(check|helper)\s*[:·—-]\s*", "", text, flags=re.IGNORECASE)
+        text = text.replace("`", "")
+        if len(text) > LABEL_CHARS:
+            text = text[:LABEL_CHARS].rsplit(" ", 1)[0].rstrip(",;:") + " …"
+        return text[:1].upper() + text[1:]
+    names = re.findall(r"^(?:async\s+)?(?:def|class)\s+(\w+)", source, re.MULTILINE)
+    if names:
+        shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
+        return f"defines {shown}"
+    return ""
+
+
+def fold_labels(kind: str, mode: str, source: str) -> tuple[str, str]:
+    """The fold's two labels (closed, open), e.g. 'Check: the loss matches the 1-device run ·
+    show the code (12 lines, 3 asserts)' / '... · hide the code'."""
+    title = fold_title(source)
+    label = f"{FOLD_KINDS[kind]}: {title}" if title else FOLD_KINDS[kind]
+    lines = sum(1 for line in source.splitlines() if line.strip())
+    asserts = len(re.findall(r"^\s*assert\b", source, re.MULTILINE))
+    size = f"{lines} line{'s' * (lines != 1)}"
+    if kind == "check" and asserts:
+        size += f", {asserts} assert{'s' * (asserts != 1)}"
+    # "input+output" (an explicit hide-output tag) makes two folds: MyST-NB puts "source" and
+    # "output" in place of {type}.
+    what = {"all": "the code and its output", "input+output": "the {type}"}.get(mode, "the code")
+    return f"{label} · show {what} ({size})", f"{label} · hide {what}"
+
+
+def _notebook_cells(app, docname: str) -> list[dict]:
+    path = Path(app.env.doc2path(docname))
+    if path.suffix != ".ipynb":
+        return []
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def fold_check_and_helper_cells(app, doctree):
+    """Mark each `check`/`helper` code cell for MyST-NB's folding (its HTML post-transform,
+    HideInputCells, wraps the marked parts in <details> with these labels)."""
+    cells = None
+    for node in doctree.findall(nodes.container):
+        if node.get("nb_element") != "cell_code":
+            continue
+        tags = (node.get("cell_metadata") or {}).get("tags", [])
+        kind = fold_kind(tags)
+        if kind is None:
+            continue
+        if cells is None:
+            cells = _notebook_cells(app, app.env.docname)
+        index = node.get("cell_index")
+        cell = cells[index] if isinstance(index, int) and index < len(cells) else {}
+        source = "".join(cell.get("source", ""))
+        mode = fold_mode(tags, cell.get("outputs", []))
+        node["hide_mode"] = mode
+        node["prompt_show"], node["prompt_hide"] = fold_labels(kind, mode, source)
+        node["classes"].append(f"course-fold-{kind}")
 
 
 def add_launch_banner(app, doctree):
@@ -210,4 +321,5 @@ def setup(app):
     app.connect("source-read", insert_notebook_list)
     app.connect("env-get-outdated", always_reread_home)
     app.connect("doctree-read", add_launch_banner)
+    app.connect("doctree-read", fold_check_and_helper_cells)
     app.connect("html-page-context", add_kaggle_launch_button, priority=502)

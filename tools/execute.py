@@ -2,17 +2,23 @@
 
     python tools/execute.py                 # every notebook, in order
     python tools/execute.py 01_minigpt      # one (name without extension)
+    python tools/execute.py --fold NAME...  # only refresh the folds' metadata (no execution)
 
 For each notebook: the md/ twin is synced into notebooks/ (so edits to the .md are
 picked up), the .ipynb is executed top to bottom in a fresh kernel with the course's
 offline environment (8 emulated CPU devices unless CPU_DEVICES or XLA_FLAGS say
 otherwise), the outputs are written back, and the .md is re-synced.
 Cells tagged `raises-exception` may fail; any other error stops with the cell shown.
+
+Cells tagged `check` or `helper` are written folded (see fold_cells): the editors read that
+from the .ipynb's cell metadata, which jupytext.toml keeps out of the .md.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +36,53 @@ import offline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CELL_TIMEOUT_S = 600
+
+
+def _docs_conf():
+    """docs/conf.py, which holds the one rule of what a fold hides (fold_mode), for the site
+    and for the notebooks alike."""
+    spec = importlib.util.spec_from_file_location("course_docs_conf", ROOT / "docs" / "conf.py")
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    return conf
+
+
+FOLD_RULE = _docs_conf().fold_mode
+# Colab shows a cell in "form" view (its `# @title` line and a "Show code" link, the code
+# hidden) when the cell's metadata says cellView: form and its first line is a title.
+COLAB_TITLE = re.compile(r"^#\s*@title\b")
+
+
+def fold_cells(nb) -> int:
+    """Fold the cells tagged `check` or `helper` wherever the .ipynb is opened, as the site
+    does (docs/conf.py's fold_mode says what a fold hides): JupyterLab and Kaggle's editor hide
+    the source (`jupyter.source_hidden`), and the output where the rule folds it too
+    (`jupyter.outputs_hidden`); Kaggle's viewer reads `_kg_hide-input` / `_kg_hide-output`;
+    Colab folds only a cell whose first line is `# @title ...` (`cellView: form`). Cells no
+    longer tagged lose these keys. Returns the number of folded cells."""
+    folded = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        meta = cell.metadata
+        jupyter = meta.get("jupyter", {})
+        for key in ("source_hidden", "outputs_hidden"):
+            jupyter.pop(key, None)
+        for key in ("_kg_hide-input", "_kg_hide-output", "cellView"):
+            meta.pop(key, None)
+        mode = FOLD_RULE(meta.get("tags", []), cell.get("outputs", []))
+        if mode:
+            folded += 1
+            jupyter["source_hidden"] = meta["_kg_hide-input"] = True
+            if mode in ("all", "input+output"):
+                jupyter["outputs_hidden"] = meta["_kg_hide-output"] = True
+            if COLAB_TITLE.match(cell.source.lstrip()):
+                meta["cellView"] = "form"
+        if jupyter:
+            meta["jupyter"] = jupyter
+        else:
+            meta.pop("jupyter", None)
+    return folded
 
 
 def sync(md: Path, ipynb: Path) -> None:
@@ -87,13 +140,28 @@ def execute(name: str) -> float:
     client.execute()
     seconds = time.perf_counter() - start
     scrub_paths(nb)
+    fold_cells(nb)
     nbformat.write(nb, ipynb)
     # jupytext.toml's metadata filters, as `make sync` applies them (no YAML header in the .md)
     jupytext.write(jupytext.read(ipynb), md, fmt="md:myst", config=load_jupytext_config(str(ROOT)))
     return seconds
 
 
+def fold_only(names: list[str]) -> None:
+    """Refresh the folds' metadata of committed notebooks without executing them (their
+    outputs, which the rule looks at, are the committed ones)."""
+    for name in names or sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")):
+        ipynb = ROOT / "notebooks" / f"{name}.ipynb"
+        if not ipynb.exists():
+            raise SystemExit(f"no such notebook: {ipynb.relative_to(ROOT)}")
+        nb = nbformat.read(ipynb, as_version=4)
+        print(f"{name:<36s} {fold_cells(nb):4d} cells folded", flush=True)
+        nbformat.write(nb, ipynb)
+
+
 def main(names: list[str]) -> None:
+    if names[:1] == ["--fold"]:
+        return fold_only(names[1:])
     os.environ.update(offline.course_env())
     names = names or sorted(p.stem for p in (ROOT / "md").glob("*.md"))
     print(f"executing on {offline.emulated_devices()} emulated CPU devices: {', '.join(names)}")
