@@ -162,29 +162,25 @@ def fold_kind(tags) -> str | None:
     return next((kind for kind in FOLD_KINDS if kind in (tags or [])), None)
 
 
-def fold_mode(tags, outputs) -> str | None:
-    """What the fold of a code cell hides: None, "input" (the source; its output stays in view)
-    or "all" (source and output under one fold); MyST-NB's names (render.py's hide_mode).
+def fold_mode(tags) -> str | None:
+    """What the fold of a code cell hides, in MyST-NB's names (render.py's hide_mode): None
+    (not folded), "input" (the source; the output stays in view), "input+output" (source and
+    output, each under its own label) or "all" (the whole cell under one label).
 
-    A check's printed lines explain the results the lesson talks about: its output stays in
-    view and only its source folds. A helper folds whole, unless it shows a picture or a table
-    (a display output richer than plain text), which stays in view. MyST-NB's own tags on the
-    cell decide where given: `hide-input` keeps the output in view, `hide-cell` folds it too.
+    The source of a check or a helper folds; what it prints stays in view, since the lesson
+    talks about what a cell prints (a check's verdict, the hardware line, a helper's table or
+    picture) and a reader must see every result without opening anything. Where a cell's
+    output is noise, MyST-NB's own tags say so on that cell: `hide-output` folds the output
+    too, `hide-cell` folds the whole cell under one label.
     """
     tags = tags or []
-    kind = fold_kind(tags)
-    if kind is None:
+    if fold_kind(tags) is None:
         return None
     if "hide-cell" in tags:
         return "all"
-    if kind == "check" or "hide-input" in tags:
-        return "input+output" if "hide-output" in tags else "input"
-    for out in outputs or []:
-        if out.get("output_type") in ("display_data", "execute_result") and (
-            set(out.get("data", {})) - {"text/plain"}
-        ):
-            return "input"
-    return "all"
+    if "hide-output" in tags:
+        return "input+output"
+    return "input"
 
 
 def fold_title(source: str) -> str:
@@ -223,23 +219,15 @@ def fold_labels(kind: str, mode: str, source: str) -> tuple[str, str]:
     size = f"{lines} line{'s' * (lines != 1)}"
     if kind == "check" and asserts:
         size += f", {asserts} assert{'s' * (asserts != 1)}"
-    # "input+output" (an explicit hide-output tag) makes two folds: MyST-NB puts "source" and
-    # "output" in place of {type}.
-    what = {"all": "the code and its output", "input+output": "the {type}"}.get(mode, "the code")
+    if mode == "input+output":  # two folds: MyST-NB puts "source" and "output" for {type}
+        return f"{label} · show the {{type}}", f"{label} · hide the {{type}}"
+    what = "the code and its output" if mode == "all" else "the code"
     return f"{label} · show {what} ({size})", f"{label} · hide {what}"
-
-
-def _notebook_cells(app, docname: str) -> list[dict]:
-    path = Path(app.env.doc2path(docname))
-    if path.suffix != ".ipynb":
-        return []
-    return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
 def fold_check_and_helper_cells(app, doctree):
     """Mark each `check`/`helper` code cell for MyST-NB's folding (its HTML post-transform,
     HideInputCells, wraps the marked parts in <details> with these labels)."""
-    cells = None
     for node in doctree.findall(nodes.container):
         if node.get("nb_element") != "cell_code":
             continue
@@ -247,12 +235,9 @@ def fold_check_and_helper_cells(app, doctree):
         kind = fold_kind(tags)
         if kind is None:
             continue
-        if cells is None:
-            cells = _notebook_cells(app, app.env.docname)
-        index = node.get("cell_index")
-        cell = cells[index] if isinstance(index, int) and index < len(cells) else {}
-        source = "".join(cell.get("source", ""))
-        mode = fold_mode(tags, cell.get("outputs", []))
+        source = next((child.astext() for child in node.children
+                       if child.get("nb_element") == "cell_code_source"), "")
+        mode = fold_mode(tags)
         node["hide_mode"] = mode
         node["prompt_show"], node["prompt_hide"] = fold_labels(kind, mode, source)
         node["classes"].append(f"course-fold-{kind}")

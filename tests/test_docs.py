@@ -205,7 +205,7 @@ def expected_folds(nb_path: Path) -> list[dict]:
         if {"remove-input", "remove-output"} <= set(tags):
             continue
         if kind := CONF.fold_kind(tags):
-            folds.append({"kind": kind, "mode": CONF.fold_mode(tags, cell.get("outputs", [])),
+            folds.append({"kind": kind, "mode": CONF.fold_mode(tags),
                           "outputs": bool(cell.get("outputs")) and "remove-output" not in tags})
     return folds
 
@@ -600,7 +600,9 @@ def test_check_and_helper_cells_fold_in_browser(devtools, nb):
 
 # A small site from a copy of one notebook with tagged cells, so that the folding is tested
 # whatever the committed notebooks carry: the first code cell (the install cell) and the first
-# cell that draws a picture are `helper`, every cell with an assert is `check`.
+# that draws a picture are `helper`, the first other cell that prints without asserting is a
+# `helper` with `hide-output`, every cell with an assert is `check`, the last of them with
+# `hide-cell`: every fold mode of docs/conf.py's rule appears.
 TAGGED_SOURCE = "00_setup"
 
 
@@ -615,15 +617,19 @@ def tagged_site(tmp_path_factory):
     shutil.copy(ROOT / "docs" / "index.md", src / "docs" / "index.md")
     nb = json.loads(source.read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    picture = next((c for c in code if any(
-        set(o.get("data", {})) & IMAGE_MIMES for o in c.get("outputs", []))), None)
+    fold_tags = {*FOLD_TAGS, "hide-input", "hide-output", "hide-cell"}
     for cell in code:
-        tags = [t for t in cell["metadata"].get("tags", []) if t not in FOLD_TAGS]
-        if cell is code[0] or cell is picture:
-            tags.append("helper")
-        elif "assert " in "".join(cell["source"]):
-            tags.append("check")
-        cell["metadata"]["tags"] = tags
+        cell["metadata"]["tags"] = [t for t in cell["metadata"].get("tags", []) if t not in fold_tags]
+    picture = next(c for c in code if any(set(o.get("data", {})) & IMAGE_MIMES
+                                          for o in c.get("outputs", [])))
+    checks = [c for c in code if "assert " in "".join(c["source"]) and c not in (code[0], picture)]
+    noisy = next(c for c in code if c.get("outputs") and c not in (code[0], picture, *checks))
+    for cell in (code[0], picture):
+        cell["metadata"]["tags"].append("helper")
+    noisy["metadata"]["tags"] += ["helper", "hide-output"]
+    for cell in checks:
+        cell["metadata"]["tags"].append("check")
+    checks[-1]["metadata"]["tags"].append("hide-cell")
     nb_path = src / "notebooks" / source.name
     nb_path.write_text(json.dumps(nb))
     # No -W: the copy's links to the other notebooks have no target in this small site.
@@ -637,7 +643,7 @@ def tagged_site(tmp_path_factory):
 def test_tagged_copy_folded_in_html(tagged_site):
     folds = expected_folds(tagged_site["nb"])
     assert {f["kind"] for f in folds} == {"check", "helper"}, "the tagged copy lacks a check or helper"
-    assert {f["mode"] for f in folds} >= {"input", "all"}, "the copy should exercise both fold modes"
+    assert {f["mode"] for f in folds} == {"input", "input+output", "all"}, "a fold mode is not tested"
     assert check_folds_in_html(tagged_site["html"], tagged_site["nb"]) == len(folds)
 
 

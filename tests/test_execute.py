@@ -43,12 +43,14 @@ def sample() -> nbformat.NotebookNode:
         new_code_cell("x = 1\nprint(x)", outputs=[printed("1\n")]),  # lesson
         new_code_cell("# check: x is one\nassert x == 1\nprint('x == 1')", metadata={"tags": ["check"]},
                       outputs=[printed("x == 1\n")]),
-        new_code_cell("# helper: install\n%pip install -q numpy", metadata={"tags": ["helper"]},
+        new_code_cell("# helper: install\n%pip install -q numpy", metadata={"tags": ["helper", "hide-output"]},
                       outputs=[printed("installed\n")]),
+        new_code_cell("# helper: where this runs\nprint('cpu')", metadata={"tags": ["helper"]},
+                      outputs=[printed("cpu\n")]),
         new_code_cell("# helper: draw\nplot()", metadata={"tags": ["helper"]},
                       outputs=[new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"})]),
         new_code_cell("# @title Check: the loss goes down\nassert True",
-                      metadata={"tags": ["check", "raises-exception"]}),
+                      metadata={"tags": ["check", "hide-cell", "raises-exception"]}),
         # a cell that was folded and is no longer tagged
         new_code_cell("y = 2", metadata={"jupyter": {"source_hidden": True}, "_kg_hide-input": True}),
     ])
@@ -56,22 +58,23 @@ def sample() -> nbformat.NotebookNode:
 
 def test_fold_cells_follows_the_site_rule():
     nb = sample()
-    assert EXECUTE.fold_cells(nb) == 4
-    lesson, check, install, draw, titled, untagged = (c.metadata for c in nb.cells[1:])
+    assert EXECUTE.fold_cells(nb) == 5
+    lesson, check, install, where, draw, titled, untagged = (c.metadata for c in nb.cells[1:])
     assert "jupyter" not in lesson and "_kg_hide-input" not in lesson, "a lesson cell was folded"
-    # a check: source folded, its printed lines in view
-    assert check["jupyter"] == {"source_hidden": True} and check["_kg_hide-input"] is True
-    assert "_kg_hide-output" not in check
-    # a helper printing text folds whole; one drawing a picture keeps the picture in view
-    assert install["jupyter"] == {"source_hidden": True, "outputs_hidden": True}
-    assert install["_kg_hide-output"] is True
-    assert draw["jupyter"] == {"source_hidden": True} and "_kg_hide-output" not in draw
+    # a check or a helper: source folded, what it prints or draws in view
+    for meta in (check, where, draw):
+        assert meta["jupyter"] == {"source_hidden": True} and meta["_kg_hide-input"] is True
+        assert "_kg_hide-output" not in meta
+    # MyST-NB's hide-output / hide-cell on a helper or check fold the output too
+    for meta in (install, titled):
+        assert meta["jupyter"] == {"source_hidden": True, "outputs_hidden": True}
+        assert meta["_kg_hide-output"] is True
     # Colab's form view only for a cell with a title line
     assert titled["cellView"] == "form"
-    assert all("cellView" not in m for m in (check, install, draw))
+    assert all("cellView" not in m for m in (check, install, where, draw))
     # untagged again: unfolded
     assert "jupyter" not in untagged and "_kg_hide-input" not in untagged
-    assert titled["tags"] == ["check", "raises-exception"], "tags must stay as they were"
+    assert titled["tags"] == ["check", "hide-cell", "raises-exception"], "tags must stay as they were"
 
 
 def test_folds_stay_out_of_the_md_and_the_pair_stays_in_sync(tmp_path):
@@ -114,7 +117,7 @@ def test_committed_notebook_opens_folded(ipynb):
     nb = json.loads(ipynb.read_text())
     for number, cell in enumerate((c for c in nb["cells"] if c["cell_type"] == "code"), start=1):
         meta = cell.get("metadata", {})
-        mode = EXECUTE.FOLD_RULE(meta.get("tags", []), cell.get("outputs", []))
+        mode = EXECUTE.FOLD_RULE(meta.get("tags", []))
         hidden = meta.get("jupyter", {})
         want = ({"source_hidden": True, "outputs_hidden": True} if mode in ("all", "input+output")
                 else {"source_hidden": True} if mode else {})

@@ -70,7 +70,7 @@ def fold_cells(nb) -> int:
             jupyter.pop(key, None)
         for key in ("_kg_hide-input", "_kg_hide-output", "cellView"):
             meta.pop(key, None)
-        mode = FOLD_RULE(meta.get("tags", []), cell.get("outputs", []))
+        mode = FOLD_RULE(meta.get("tags", []))
         if mode:
             folded += 1
             jupyter["source_hidden"] = meta["_kg_hide-input"] = True
