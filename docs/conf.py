@@ -154,7 +154,7 @@ def insert_notebook_list(app, docname, source):
 # with what they hide; the tags stay as they are in the notebooks. tools/execute.py applies the
 # same rule (fold_mode) to the .ipynb's metadata for JupyterLab, Kaggle and Colab.
 FOLD_KINDS = {"check": "Check", "helper": "Helper"}
-LABEL_CHARS = 72
+LABEL_CHARS = 56
 
 
 def fold_kind(tags) -> str | None:
