@@ -73,7 +73,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
 	grep -v '^[[:space:]]*#' requirements.txt | sed -E 's/[[:space:]]*(==|>=|<=|~=|!=|<|>|;).*//' | grep -v '^$$' > $(LATEST)/requirements-unpinned.txt
 	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -r $(LATEST)/requirements-unpinned.txt
-	$(LATEST)/bin/python tests/latest.py
+	$(LATEST)/bin/python tests/latest.py $(ARGS)
 
 sync: $(STAMP)
 	$(BIN)/jupytext --sync md/*.md

@@ -8,6 +8,11 @@ batch)`, `generate(model, prompt_ids, key, max_new=, temperature=, top_k=)`,
 `make_checkpoint_manager(dir, cfg)`, `save_checkpoint(mngr, step, model, optimizer, it)` and
 `restore_checkpoint(mngr, cfg, mesh, it, step)`. The one thing written here is what the issue
 asks the harness to own: the no-cache generation baseline.
+
+Every figure is checked before it counts (a failed check raises `CheckFailed`, which fails
+`make bench` with the section's name): losses are finite; generation gives exactly `max_new`
+tokens, the same tokens with and without the cache, and the same logits within a stated
+tolerance; a restored checkpoint equals what was saved (model, optimizer, data position).
 """
 
 from __future__ import annotations
@@ -31,6 +36,21 @@ SEED_ARCH = {"seq_len": 256, "d_model": 256, "n_heads": 8, "d_ff": 256}
 SEED_LAYERS = 4
 
 
+class CheckFailed(AssertionError):
+    """A benchmark's result is wrong: its figure must not count."""
+
+
+def check(ok: bool, message: str) -> None:
+    if not ok:
+        raise CheckFailed(message)
+
+
+# Cached vs full-recompute logits: the same math in another order (attention over a cache of
+# S slots instead of the causal T x T product). float32 on XLA:CPU agrees to ~1e-5 of the
+# logits' scale; bfloat16 matmuls (TPU/GPU presets) round at ~4e-3 relative.
+LOGIT_RTOL = {"float32": 1e-4, "bfloat16": 3e-2}
+
+
 def seed_config(lib, base, n_devices: int, on_cpu: bool):
     """The seed tutorial's architecture (D=256, N=8, F=256, T=256, 4 blocks) in the notebook's
     Config. Batch: 8 sequences on a CPU (a step takes seconds), else the seed's 192 per chip."""
@@ -51,6 +71,21 @@ class Corpus:
         lengths = np.diff(np.flatnonzero(self.tokens == lib.EOT_ID), prepend=-1)
         self.story_tokens_mean = float(lengths.mean())
         self.seed_real_fraction = float(np.minimum(lengths, 256).sum() / (256 * len(lengths)))
+        self.n_stories = int(len(lengths))
+
+
+def stream_share(batches, tokens: np.ndarray, seq_len: int) -> float:
+    """Measured: the share of the batches' target tokens that are text of the corpus stream,
+    i.e. rows equal to a window stream[k*T : k*T + T + 1] (what the notebook packs), so
+    1 - share is padding or anything else that is not the text."""
+    windows = {tokens[k * seq_len : (k + 1) * seq_len + 1].tobytes() for k in range((len(tokens) - 1) // seq_len)}
+    real = total = 0
+    for batch in batches:
+        for row in np.asarray(batch):
+            total += len(row) - 1
+            if row.astype(tokens.dtype).tobytes() in windows:
+                real += len(row) - 1
+    return real / total
 
 
 def _iterator(lib, cfg, corpus):
@@ -74,8 +109,21 @@ def real_tokens(batch) -> int:
     return int(batch.shape[0] * (batch.shape[1] - 1))
 
 
+def model_flops_per_token(model, cfg) -> tuple[float, int]:
+    """Training FLOPs per token of the model's math (the MFU numerator, PaLM's appendix B):
+    6 N for the matmuls of forward + backward, N = parameters outside the embedding tables
+    (a lookup costs no FLOPs), plus 12 L D T for attention's scores and weighted sum. Work a
+    device repeats (the model-axis replicas of small ops) is not counted: that is HFU's."""
+    params = nnx.state(model, nnx.Param)
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    n = sum(int(np.prod(x.shape)) for path, x in flat
+            if not any(str(getattr(k, "key", "")) in ("wte", "wpe") for k in path))
+    return 6 * n + 12 * cfg.n_layers * cfg.d_model * cfg.seq_len, n
+
+
 def train_step(lib, cfg, corpus, repeats: int, steps_per_repeat: int) -> dict:
-    """Warm step time, real tokens/s and compiled FLOPs of the notebook's jitted train step."""
+    """Warm step time, real tokens/s, model FLOPs (6 N T, for MFU) and compiled FLOPs (for
+    HFU) of the notebook's jitted train step; every loss of every timed step must be finite."""
     mesh = lib.make_mesh(cfg)
     n_dev = mesh.devices.size
     it = _iterator(lib, cfg, corpus)
@@ -88,16 +136,25 @@ def train_step(lib, cfg, corpus, repeats: int, steps_per_repeat: int) -> dict:
         lower_compile_s = time.perf_counter() - start
         flops = compiled_flops(compiled, n_dev)
 
+        losses = []
+
         def run():
             out = None
             for b in batches:
                 out = lib.train_step(model, optimizer, b)
+                losses.append(out["loss"])
             return out
 
         timing = time_calls(run, repeats)
-        loss = float(timing.last["loss"])
+        losses = np.asarray(jax.device_get(losses), np.float64)
+        loss = float(losses[-1])
+    check(losses.size == (repeats + 1) * steps_per_repeat and bool(np.isfinite(losses).all()),
+          f"{cfg.name}: a train step's loss is not finite: {losses.tolist()}")
     step_s = timing.median_s / steps_per_repeat
     tokens = real_tokens(batches[0])
+    share = stream_share(batches, corpus.tokens, cfg.seq_len)
+    check(share == 1.0, f"{cfg.name}: only {share:.1%} of the batches' targets are text of the corpus stream")
+    per_token, n_params = model_flops_per_token(model, cfg)
     return {
         "config": cfg.name,
         "shape": f"B={cfg.global_batch} T={cfg.seq_len} D={cfg.d_model} N={cfg.n_heads} "
@@ -109,7 +166,11 @@ def train_step(lib, cfg, corpus, repeats: int, steps_per_repeat: int) -> dict:
         "compile_s": lower_compile_s,
         "real_tokens_per_step": tokens,
         "tokens_per_s": tokens / step_s,
-        "flops_per_step": flops,
+        "flops_per_step": flops,  # compiled: what the devices execute (HFU)
+        "model_flops_per_step": per_token * tokens,  # 6 N T + attention (MFU)
+        "non_embedding_params": n_params,
+        "stream_share": share,  # measured: 1.0 = no padding in the trained windows
+        "losses": losses.tolist(),
         "loss_after": loss,
     }
 
@@ -162,12 +223,13 @@ def _no_cache_generator(max_new: int):
 
 def _seed_style_generator(model, max_new: int):
     """The seed's decoding as it is written: a Python loop that runs the (jitted) model over the
-    whole padded window for every token and brings each token back to the host."""
+    whole padded window for every token and brings each token back to the host. `n_new`
+    (default max_new) lets the caller warm up this very function on one token."""
     forward = nnx.jit(lambda model, window: model(window[None])[0])  # [T] -> logits [T, V]
 
-    def decode(window: np.ndarray, prompt_len: int) -> np.ndarray:
+    def decode(window: np.ndarray, prompt_len: int, n_new: int = max_new) -> np.ndarray:
         window = window.copy()
-        for i in range(max_new):
+        for i in range(n_new):
             logits = forward(model, jnp.asarray(window))
             window[prompt_len + i] = int(jnp.argmax(logits[prompt_len + i - 1]))
         return window
@@ -175,8 +237,36 @@ def _seed_style_generator(model, max_new: int):
     return decode
 
 
+def cached_vs_full_logits(model, tokens: np.ndarray, prompt_len: int, n_new: int, cfg) -> float:
+    """Largest |difference| between the logits the cache gives for each new token (prefill the
+    prompt, then one token at a time at its position, as `generate` does) and those of one
+    full causal pass over the final sequence, relative to the largest |logit|."""
+
+    @nnx.jit(static_argnames=("prompt_len", "n_new"))
+    def both(model, tokens, prompt_len, n_new):
+        full = model(tokens[None])[0, prompt_len - 1 : prompt_len - 1 + n_new]  # [n_new, V]
+        cache = [(jnp.zeros((1, cfg.seq_len, cfg.n_heads, cfg.d_model // cfg.n_heads), cfg.dtype),) * 2
+                 for _ in range(cfg.n_layers)]
+        logits, cache = model(tokens[None, :prompt_len], cache, 0)
+        first = logits[0, -1]
+
+        def step(cache, pos):
+            logits, cache = model(jax.lax.dynamic_slice(tokens, (pos,), (1,))[None], cache, pos)
+            return cache, logits[0, 0]
+
+        _, rest = jax.lax.scan(step, cache, prompt_len + jnp.arange(n_new - 1))
+        cached = jnp.concatenate([first[None], rest])
+        real = jnp.arange(full.shape[-1]) < cfg.real_vocab  # padding ids are -1e9 in both
+        diff = jnp.where(real, jnp.abs(cached - full), 0).max()
+        return diff / jnp.where(real, jnp.abs(full), 0).max()
+
+    return float(both(model, jnp.asarray(tokens), prompt_len, n_new))
+
+
 def generation(lib, cfg, corpus, max_new: int, repeats: int) -> dict:
-    """256 new tokens, greedy: the notebook's KV-cache `generate` vs the full-recompute baseline."""
+    """`max_new` new tokens, greedy: the notebook's KV-cache `generate` vs the full-recompute
+    baseline, timed only once both are checked to give exactly max_new tokens, the same tokens,
+    and the same logits (within LOGIT_RTOL of the compute dtype)."""
     prompt_ids = corpus.tokenizer.encode_ordinary(PROMPT)
     # The context must hold the prompt and every new token.
     seq_len = max(cfg.seq_len, -(-(len(prompt_ids) + max_new + 1) // 64) * 64)
@@ -186,7 +276,8 @@ def generation(lib, cfg, corpus, max_new: int, repeats: int) -> dict:
     key = jax.random.key(0)
     with jax.set_mesh(mesh):
         cached = time_calls(
-            lambda: lib.generate(model, prompt_ids, key, max_new=max_new, temperature=0.0, top_k=1), repeats
+            lambda: lib.generate(model, prompt_ids, key, max_new=max_new, temperature=0.0, top_k=1,
+                                 stop_at_eot=False), repeats
         )
         window = jnp.zeros((seq_len,), jnp.int32).at[: len(prompt_ids)].set(jnp.asarray(prompt_ids, jnp.int32))
         decode = _no_cache_generator(max_new)
@@ -195,20 +286,33 @@ def generation(lib, cfg, corpus, max_new: int, repeats: int) -> dict:
         no_cache_compile_s = time.perf_counter() - start
         # The baseline is slow: fewer runs (still warm, still a median).
         uncached = time_calls(lambda: decode(model, window, len(prompt_ids)), max(repeats // 2, 2))
-        # The seed's Python loop, the slowest: one warm-up token (compiles the forward), then
-        # one timed run of all the tokens.
+        # The seed's Python loop, the slowest: this same function warmed up on one token (it
+        # compiles the forward), then one timed run of all the tokens.
         seed_decode = _seed_style_generator(model, max_new)
-        _seed_style_generator(model, 1)(np.asarray(window), len(prompt_ids))
+        seed_warm = time_calls(lambda: seed_decode(np.asarray(window), len(prompt_ids), 1), 1, warmup=0)
         seed_style = time_calls(lambda: seed_decode(np.asarray(window), len(prompt_ids)), 1, warmup=0)
-    new_cached = cached.last
-    new_uncached = np.asarray(uncached.last)[len(prompt_ids) : len(prompt_ids) + max_new]
-    n = len(new_cached)
-    agree = int(np.sum(np.asarray(new_cached) == new_uncached[:n]))
+        new_cached = np.asarray(cached.last)
+        new_uncached = np.asarray(uncached.last)[len(prompt_ids) : len(prompt_ids) + max_new]
+        n = len(new_cached)
+        check(n == max_new, f"generate gave {n} tokens, not max_new={max_new}")
+        agree = int(np.sum(new_cached == new_uncached))
+        check(agree == n, f"cache and no-cache generation differ: {agree}/{n} tokens agree")
+        check(np.array_equal(seed_style.last, np.asarray(uncached.last)),
+              "the seed-style loop generated other tokens than the compiled no-cache baseline")
+        final = np.asarray(uncached.last)
+        rel = cached_vs_full_logits(model, final, len(prompt_ids), max_new, gcfg)
+        rtol = LOGIT_RTOL.get(gcfg.compute_dtype, LOGIT_RTOL["bfloat16"])
+        check(rel <= rtol, f"cached logits differ from full-recompute logits by {rel:.2e} of their scale "
+              f"(tolerance {rtol:.0e} for {gcfg.compute_dtype})")
     return {
         "config": gcfg.name,
         "max_new": max_new,
         "generated_with_cache": n,
         "tokens_agree": f"{agree}/{n}",
+        "distinct_tokens": int(len(set(new_cached.tolist()))),
+        "logits_max_rel_diff": rel,
+        "logits_rtol": rtol,
+        "seed_style_warmup_s": seed_warm.median_s,
         "cache_s": cached.median_s,
         "cache_compile_s": cached.compile_s,
         "cache_tokens_per_s": n / cached.median_s,
@@ -223,13 +327,26 @@ def generation(lib, cfg, corpus, max_new: int, repeats: int) -> dict:
     }
 
 
+def _same_state(a, b) -> bool:
+    """Equal values, shapes, dtypes and shardings, leaf by leaf."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        x.shape == y.shape and x.dtype == y.dtype and x.sharding.is_equivalent_to(y.sharding, x.ndim)
+        and bool(np.array_equal(np.asarray(x), np.asarray(y))) for x, y in zip(la, lb, strict=True))
+
+
 def checkpoint(lib, cfg, corpus, repeats: int) -> dict:
     """Seconds to save (until on disk) and restore model + optimizer + data-iterator state with
-    the notebook's Orbax helpers."""
+    the notebook's Orbax helpers; every restore must equal what was saved."""
     mesh = lib.make_mesh(cfg)
     model, optimizer = build(lib, cfg, mesh)
     it = _iterator(lib, cfg, corpus)
-    next(it)
+    # One real step first: Adam's moments and step count are then not all zeros, so a restore
+    # that dropped them would show.
+    with jax.set_mesh(mesh):
+        loss = float(lib.train_step(model, optimizer, lib.to_global(next(it), mesh))["loss"])
+    check(np.isfinite(loss), f"{cfg.name}: the step before saving gave a loss of {loss}")
+    # Nothing changes model or optimizer below: each restore is compared with them.
     n_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(optimizer)) + jax.tree.leaves(nnx.state(model)))
     saves, restores = [], []
     with tempfile.TemporaryDirectory() as tmp:  # called as the notebook calls them
@@ -242,10 +359,15 @@ def checkpoint(lib, cfg, corpus, repeats: int) -> dict:
             if not saved:
                 raise RuntimeError(f"the checkpoint manager skipped step {step}")
             saves.append(time.perf_counter() - start)
+            expected = next(it)  # the batch after the save point; the restore must move `it` back
             start = time.perf_counter()
             restored = lib.restore_checkpoint(mngr, cfg, mesh, it, step)
             block(nnx.state(restored[0]))
             restores.append(time.perf_counter() - start)
+            check(_same_state(nnx.state(restored[0]), nnx.state(model)), f"step {step}: restored model != saved")
+            check(_same_state(nnx.state(restored[1]), nnx.state(optimizer)),
+                  f"step {step}: restored optimizer != saved")
+            check(np.array_equal(next(it), expected), f"step {step}: the data iterator did not go back")
         mngr.close()
     return {
         "config": cfg.name,
@@ -254,7 +376,8 @@ def checkpoint(lib, cfg, corpus, repeats: int) -> dict:
         "save_s": statistics.median(saves[1:]),
         "restore_first_s": restores[0],
         "restore_s": statistics.median(restores[1:]),
+        "restores_checked": len(restores),
     }
 
 
-__all__ = ["Corpus", "Timing", "checkpoint", "generation", "input_pipeline", "seed_config", "train_step"]
+__all__ = ["CheckFailed", "Corpus", "Timing", "check", "checkpoint", "generation", "input_pipeline", "seed_config", "train_step"]
