@@ -2,17 +2,21 @@
 
 The script's only source is the notebook: its `%%writefile` cells in md/05_multihost.md. We
 assemble them as the notebook does, then check that the 2-process job trains like one process
-with 8 devices (to float32 round-off), writes a checkpoint collectively, and that a process
+with 8 devices (to float32 round-off), writes checkpoints collectively, and that a process
 crashing in the middle of training ends the job promptly with a clear message and leaves no
-process behind, even when the launcher itself is killed. The launcher's bookkeeping of exits,
-the validation of the command line and the check of --model-axis against the model are tested
-on their own, without JAX.
+process behind, even when the launcher itself is killed. Jobs stopped mid-run (a worker killed
+with SIGKILL; SIGTERM, a preemption notice, to the launcher; the launcher killed) are relaunched
+and must resume from their last complete checkpoint with the losses of an uninterrupted run,
+also on another process count; a half-written checkpoint is never restored. The launcher's
+bookkeeping of exits, the validation of the command line and the check of --model-axis against
+the model are tested on their own, without JAX.
 """
 
 import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,13 +29,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "md" / "05_multihost.md"
-JOB_TIMEOUT_S = 300
+JOB_TIMEOUT_S = 600  # generous: a shared 2-core machine can be slow
 
 
 def script_source() -> str:
     """The cells `%%writefile [-a] multihost_train.py`, magic lines removed, in notebook order."""
-    cells = [c.source for c in jupytext.read(NOTEBOOK).cells
-             if c.cell_type == "code" and c.source.startswith("%%writefile")]
+    cells = [c.source for c in jupytext.read(NOTEBOOK).cells  # (other cells write the cluster recipes)
+             if c.cell_type == "code" and re.match(r"%%writefile (-a )?multihost_train\.py\n", c.source)]
     assert cells and re.match(r"%%writefile multihost_train\.py\n", cells[0]), "the first cell must create the file"
     assert all(re.match(r"%%writefile -a multihost_train\.py\n", c) for c in cells[1:]), "later cells must append"
     return "".join(c.split("\n", 1)[1] + "\n" for c in cells)
@@ -105,14 +109,20 @@ def test_script_passes_ruff(workdir):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_two_processes_train_like_one(workdir):
-    code, output, two_s = run_job(workdir, "--launch", "2", "--devices-per-process", "4",
-                                  "--checkpoint-dir", "ckpt-2x4")
+@pytest.fixture(scope="module")
+def uninterrupted(workdir):
+    """The reference: 2 processes x 4 devices, 8 steps, a checkpoint every 2 steps, never stopped."""
+    code, output, seconds = run_job(workdir, "--launch", "2", "--devices-per-process", "4", "--steps", "8",
+                                    "--checkpoint-dir", "ckpt-2x4", "--checkpoint-every", "2")
     assert code == 0, output
-    two = result_of(output)
+    return result_of(output), output, seconds
+
+
+def test_two_processes_train_like_one(workdir, uninterrupted):
+    two, output, two_s = uninterrupted
     assert "process 1: local devices" in output and "[process 1]" not in output, "only process 0 prints"
 
-    code, output, one_s = run_job(workdir, "--launch", "1", "--devices-per-process", "8")
+    code, output, one_s = run_job(workdir, "--launch", "1", "--devices-per-process", "8", "--steps", "8")
     assert code == 0, output
     one = result_of(output)
 
@@ -122,6 +132,11 @@ def test_two_processes_train_like_one(workdir):
     step_dir = workdir / "ckpt-2x4" / str(len(two["losses"]))
     assert (step_dir / "commit_success.txt").exists(), "the collective checkpoint was not committed"
     assert {"ocdbt.process_0", "ocdbt.process_1"} <= {p.name for p in (step_dir / "params").iterdir()}
+    assert {"params", "opt_state", "data"} <= {p.name for p in step_dir.iterdir()}, "parameters, Adam, data"
+    assert [s["step"] for s in two["saves"]] == [1, 2, 4, 6, 8], two["saves"]
+    for save in two["saves"]:  # printed, not asserted: timings on a shared machine vary
+        print(f"save of step {save['step']}: blocked {save['blocked_s']:.2f} s, written within "
+              f"{save.get('finished_within_s', float('nan')):.2f} s over {save.get('steps_meanwhile')} step(s)")
     print(f"wall time: 2 processes x 4 devices {two_s:.1f} s, 1 process x 8 devices {one_s:.1f} s")
 
 
@@ -173,6 +188,126 @@ def test_workers_die_with_a_killed_launcher(workdir):
         launcher.kill()
         for pid in workers_alive(workdir):  # if the test failed, leave nothing behind
             os.kill(pid, signal.SIGKILL)
+
+
+def run_and_signal(folder: Path, *flags: str, at_step: int, sig: int, process: int | None = None,
+                   timeout_s: float = JOB_TIMEOUT_S):
+    """Run the launcher; once process 0 logs `step {at_step}`, send `sig` to the launcher (process
+    None) or to that worker (the launcher prints their pids). Return (exit code, output)."""
+    vocab = folder.joinpath("vocab.txt").read_text()
+    command = [sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab,
+               "--timeout", str(timeout_s), *flags]
+    job = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, sent = [], False
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if not sent and line.startswith(f"step {at_step} "):
+                pids = json.loads(re.search(r"pids (\[[0-9, ]*\])", "".join(lines))[1])
+                os.kill(job.pid if process is None else pids[process], sig)
+                sent = True
+        job.wait(timeout=timeout_s + 60)
+    finally:
+        job.kill()
+    assert sent, f"step {at_step} never came:\n{''.join(lines)}"
+    return job.returncode, "".join(lines)
+
+
+def logged_losses(output: str) -> dict[int, float]:
+    """{step: loss} from process 0's log (6 decimals)."""
+    return {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d+)  loss ([0-9.]+)", output, re.M)}
+
+
+def resumed_from(output: str) -> int:
+    match = re.search(r"resumed from the checkpoint of step (\d+)", output)
+    assert match, f"the job did not resume:\n{output}"
+    return int(match[1])
+
+
+def assert_same_losses(reference: dict, run: dict) -> float:
+    """The relaunched job's losses, step for step, against the uninterrupted run's; returns the gap."""
+    steps = range(run["first"], run["first"] + len(run["losses"]))
+    expected = [reference["losses"][s] for s in steps]
+    np.testing.assert_allclose(run["losses"], expected, rtol=1e-6, err_msg="resumed losses differ")
+    gap = float(np.abs(np.array(run["losses"]) - expected).max()) if run["losses"] else 0.0
+    print(f"steps {steps.start}-{steps.stop - 1}: largest difference from the uninterrupted run {gap:.1e}")
+    return gap
+
+
+def test_sigkill_of_a_worker_then_resume(workdir, uninterrupted):
+    """kill -9 on one worker: the launcher stops the job; the relaunch resumes from the last commit."""
+    reference = uninterrupted[0]
+    flags = ["--launch", "2", "--devices-per-process", "4", "--steps", "8", "--checkpoint-dir", "ckpt-kill",
+             "--checkpoint-every", "2"]
+    code, output = run_and_signal(workdir, *flags, at_step=4, sig=signal.SIGKILL, process=1)
+    assert code == 1 and "process 1 failed" in output and "SIGKILL" in output, output
+    for step, loss in logged_losses(output).items():  # the steps before the kill, as printed
+        assert abs(loss - reference["losses"][step]) <= 5e-7 + 1e-6 * abs(loss), (step, loss)
+    assert not workers_alive(workdir), "a worker outlived the launcher"
+    code, output, _ = run_job(workdir, *flags)
+    assert code == 0, output
+    run = result_of(output)
+    assert run["first"] == resumed_from(output) >= 2 and run["first"] + len(run["losses"]) == 8
+    assert_same_losses(reference, run)
+
+
+def test_sigterm_saves_at_the_sync_point_then_resume_on_fewer_processes(workdir, uninterrupted):
+    """SIGTERM to the launcher of 4 processes: all save the same step and exit with 75; the job
+    resumes on 2 processes, restores the same global arrays and goes on with the same losses."""
+    reference = uninterrupted[0]
+    flags = ["--steps", "8", "--checkpoint-dir", "ckpt-term", "--checkpoint-every", "4"]
+    code, output = run_and_signal(workdir, "--launch", "4", "--devices-per-process", "2", *flags,
+                                  at_step=2, sig=signal.SIGTERM)
+    assert code == 75, output
+    preempted = result_of(output)
+    stop = preempted["first"] + len(preempted["losses"])
+    assert preempted["preempted"] and 3 <= stop < 8, preempted
+    assert (workdir / "ckpt-term" / str(stop) / "commit_success.txt").exists(), "the preemption save was not committed"
+    assert_same_losses(reference, preempted)
+    code, output, _ = run_job(workdir, "--launch", "2", "--devices-per-process", "4", *flags)
+    assert code == 0, output
+    resumed = result_of(output)
+    assert resumed["first"] == resumed_from(output) == stop
+    assert resumed["restored"] == preempted["final"], "4 processes saved other arrays than 2 restored"
+    assert_same_losses(reference, resumed)
+
+
+def test_the_issue_command_killed_and_relaunched(workdir, uninterrupted):
+    """`--launch 4 --devices-per-process 2 --checkpoint-dir D --checkpoint-every 2`, the launcher
+    killed with SIGKILL (the workers die with it) and the same command run again."""
+    reference = uninterrupted[0]
+    command = ["--launch", "4", "--devices-per-process", "2", "--checkpoint-dir", "D", "--checkpoint-every", "2",
+               "--steps", "8"]
+    code, output = run_and_signal(workdir, *command, at_step=4, sig=signal.SIGKILL)
+    assert code == -signal.SIGKILL, output
+    deadline = time.monotonic() + 10
+    while workers_alive(workdir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not workers_alive(workdir), "workers outlived the killed launcher"
+    code, output, _ = run_job(workdir, *command)
+    assert code == 0, output
+    run = result_of(output)
+    assert run["first"] == resumed_from(output) >= 2
+    assert_same_losses(reference, run)
+
+
+def test_a_torn_checkpoint_is_never_restored(workdir, uninterrupted, tmp_path):
+    """A save cut short leaves `<step>.orbax-checkpoint-tmp`: the relaunch ignores it, deletes it,
+    and resumes from the latest committed step."""
+    folder = workdir / "ckpt-torn"
+    shutil.copytree(workdir / "ckpt-2x4", folder)
+    torn = folder / "10.orbax-checkpoint-tmp"
+    shutil.copytree(folder / "8", torn)
+    for f in [f for f in torn.rglob("*") if f.is_file()][::2]:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # half-written files
+    (torn / "commit_success.txt").unlink(missing_ok=True)
+    code, output, _ = run_job(workdir, "--launch", "2", "--devices-per-process", "4", "--steps", "10",
+                              "--checkpoint-dir", "ckpt-torn", "--checkpoint-every", "2")
+    assert code == 0, output
+    assert resumed_from(output) == 8 and "unfinished checkpoint 10.orbax-checkpoint-tmp" in output
+    run = result_of(output)
+    assert run["first"] == 8 and len(run["losses"]) == 2
+    assert (folder / "10" / "commit_success.txt").exists() and not torn.exists()
 
 
 @pytest.fixture(scope="module")
