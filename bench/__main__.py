@@ -44,6 +44,11 @@ def _environment() -> dict[str, str]:
     return offline.course_env(environ)
 
 
+def rate(x: float) -> str:
+    """Tokens/s: whole numbers, with one decimal below 10 (a slow baseline is not '0 tokens/s')."""
+    return f"{x:,.1f}" if x < 10 else f"{x:,.0f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--no-nbval", action="store_true", help="skip each notebook's wall time under nbval")
@@ -182,13 +187,13 @@ def main(argv=None) -> int:
             rows.append({
                 "benchmark": "generation, KV cache (notebook's `generate`)",
                 "config": f"{g['config']}, greedy, {g['max_new']} new tokens, batch 1",
-                "result": f"{g['cache_tokens_per_s']:,.0f} tokens/s ({g['cache_s']:.2f} s)",
+                "result": f"{rate(g['cache_tokens_per_s'])} tokens/s ({g['cache_s']:.2f} s)",
                 "compile_s": g["cache_compile_s"],
             })
             rows.append({
                 "benchmark": "generation, no cache (full padded window per token)",
                 "config": f"{g['config']}, greedy, {g['max_new']} new tokens, batch 1",
-                "result": f"{g['no_cache_tokens_per_s']:,.0f} tokens/s ({g['no_cache_s']:.2f} s); "
+                "result": f"{rate(g['no_cache_tokens_per_s'])} tokens/s ({g['no_cache_s']:.2f} s); "
                 f"cache is {g['speedup']:.1f}x faster; same tokens: {g['tokens_agree']} "
                 f"({g['distinct_tokens']} distinct); logits within {g['logits_max_rel_diff']:.1e} "
                 f"of their scale (tolerance {g['logits_rtol']:.0e})",
@@ -197,7 +202,7 @@ def main(argv=None) -> int:
             rows.append({
                 "benchmark": "generation, no cache, the seed's way (Python loop, host sync per token)",
                 "config": f"{g['config']}, greedy, {g['max_new']} new tokens, batch 1",
-                "result": f"{g['seed_style_tokens_per_s']:,.0f} tokens/s ({g['seed_style_s']:.2f} s); "
+                "result": f"{rate(g['seed_style_tokens_per_s'])} tokens/s ({g['seed_style_s']:.2f} s); "
                 f"cache is {g['speedup_vs_seed_style']:.1f}x faster; same tokens: "
                 f"{'yes' if g['seed_style_same_tokens'] else 'NO'} (warmed up on this function: "
                 f"{g['seed_style_warmup_s']:.2f} s for 1 token)",
