@@ -98,8 +98,21 @@ ONE_LINERS = {
     "config change each; the same losses, different collectives, FLOPs and memory.",
     "04_profiling": "Traces, xprof, reading the profile in code, MFU, and batch, mesh and "
     "input-pipeline experiments.",
-    "05_multihost": "`jax.distributed`, per-process data, global arrays and collective "
-    "checkpoints; a real 2-process job on one machine.",
+    "05_multihost": "`jax.distributed`, per-process data, global arrays; checkpoints that "
+    "survive kill -9 and preemption (Orbax async, the sync point, resume on another process "
+    "count); recipes for TPU, GKE and SLURM.",
+    "06_memory": "Where a train step's memory goes and four ways to cut it, measured: remat "
+    "policies, gradient accumulation, bfloat16 compute and ZeRO 1-2-3, each checked against "
+    "memory_analysis() and the plain step's gradients; the largest model per technique on a v5e-8.",
+    "07_pipeline_parallel": "GPipe and 1F1B written with `shard_map`, `scan` and `ppermute`: "
+    "schedules drawn from their tables, equal to one device; collective-permutes, memory and "
+    "the bubble measured; pipeline × data vs FSDP.",
+    "08_long_context": "Sequence parallelism with TP, ring attention (online softmax, K/V passed "
+    "with `ppermute`) and all-to-all (Ulysses) attention, each equal to plain causal attention; "
+    "memory and collectives per variant.",
+    "09_mixture_of_experts": "A sparse MiniGPT: top-2 routing with capacity and a balancing loss, "
+    "expert parallelism with `all_to_all` in `shard_map` checked against a dense reference, and "
+    "what EP costs per device.",
 }
 
 
