@@ -61,6 +61,9 @@ nb_merge_streams = True
 # warning fails the -W build. The plain Python traceback lexer reads the same text without
 # errors and still colours the frames.
 nb_render_error_lexer = "pytb"
+# Cells that write shell scripts with `%%writefile` (05's cluster recipes) hold bash, which the
+# IPython lexer cannot highlight; the page shows them plain, and that is not an error.
+suppress_warnings = ["misc.highlighting_failure"]
 myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath", "substitution"]
 # Lets docs/index.md link the repository without repeating its address.
 myst_substitutions = {"repository": f"[repository]({GITHUB_URL})"}
