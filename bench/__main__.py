@@ -9,8 +9,10 @@ it runs on the accelerator. Every figure is warm: the first call (tracing, compi
 reported on its own, and the figure quoted is the median of several runs of the function that
 was warmed up. The MiniGPT figures run notebook 01's own code (its cells tagged `course-lib`,
 see bench/course.py). Each result is checked before it counts (bench/minigpt.py: finite
-losses, identical generation with and without the cache, restores equal to what was saved);
-a failed check or a target not met makes the run exit with status 1, naming it.
+losses, identical generation with and without the cache, restores equal to what was saved;
+bench/memory.py: remat and gradient accumulation give the plain step's gradients); a failed
+check or a target not met makes the run exit with status 1, naming it. bench/tpu.py adds 01's
+step compiled for a Kaggle TPU v5e-8 by libtpu: compiler estimates, labelled as such.
 Prints the table and writes it to bench/results/latest.{md,json} (and a dated copy).
 """
 
@@ -70,7 +72,7 @@ def main(argv=None) -> int:
 
     import jax  # noqa: E402 - after the environment is set
 
-    from bench import minigpt, report  # noqa: E402
+    from bench import memory, minigpt, report, tpu  # noqa: E402
     from bench.course import load_course_lib  # noqa: E402
     from bench.measure import peak_flops  # noqa: E402
     from bench.nbval import notebook_wall_times  # noqa: E402
@@ -159,6 +161,37 @@ def main(argv=None) -> int:
             f"{corpus.source}){padded}",
         })
 
+    # 06_memory's trades on one small Transformer (bench/memory.py): correctness first.
+    r = section("activation checkpointing (remat)", lambda: memory.remat(repeats=2 * args.repeats))
+    if r:
+        details["remat"] = r
+        rows.append({
+            "benchmark": "activation checkpointing (remat), recompute overhead",
+            "config": f"06's model: {r['config']}, {r['devices']} devices (data); full remat "
+            "(`nothing_saveable` on every block) vs none, same train step",
+            "result": f"FLOPs x{r['flops_ratio']:.3f} (cost_analysis: {r['none']['flops'] / 1e9:.3f} -> "
+            f"{r['full']['flops'] / 1e9:.3f} GFLOP per device); step time x{r['time_ratio']:.2f} "
+            f"({r['none']['step_s'] * 1e3:,.1f} -> {r['full']['step_s'] * 1e3:,.1f} ms, medians of "
+            f"{len(r['none']['step_s_runs'])} interleaved runs); temporaries {r['none']['temp_bytes'] / 2**20:.2f} -> "
+            f"{r['full']['temp_bytes'] / 2**20:.2f} MiB (x{r['temp_ratio']:.2f}); same loss and gradients "
+            f"(max diff {r['grad_max_rel_diff']:.1e} of the largest, tolerance {r['grad_rtol']:.0e})",
+        })
+    a = section("gradient accumulation", lambda: memory.accumulation())
+    if a:
+        details["accumulation"] = a
+        k1 = a["K"][1]["temp_bytes"]
+        temps = ", ".join(f"K={K}: {v['temp_bytes'] / 2**20:.2f} MiB" + (f" (x{v['temp_bytes'] / k1:.2f})" if K > 1 else "")
+                          for K, v in a["K"].items())
+        gap = max(v["grad_max_rel_diff"] for v in a["K"].values())
+        rows.append({
+            "benchmark": "gradient accumulation, memory",
+            "config": f"06's model: {a['config']}, {a['devices']} devices (data); K micro-batches "
+            "summed by a scan, one Adam update",
+            "result": f"temporaries of the compiled train step per device: {temps}; arguments "
+            f"{a['K'][1]['argument_bytes'] / 2**20:.2f} MiB at every K; same loss and gradients as K=1, so "
+            f"the same update (max diff {gap:.1e} of the largest, tolerance {a['grad_rtol']:.0e})",
+        })
+
     if corpus is not None and f"{preset.name} preset" in train:
         step_s = train[f"{preset.name} preset"]["step_s"]
         p = section("input pipeline", lambda: minigpt.input_pipeline(lib, preset, corpus, step_s, 200))
@@ -225,6 +258,14 @@ def main(argv=None) -> int:
                     f"(first: {c['save_first_s']:.2f} s / {c['restore_first_s']:.2f} s); "
                     f"{c['restores_checked']} restores equal to what was saved",
                 })
+
+    if lib is not None:  # last of the in-process work: libtpu loads into this process
+        v5e = section("TPU v5e-8 compile", lambda: tpu.rows(lib))
+        if v5e:
+            rows.extend(v5e[0])
+            details["tpu v5e-8"] = v5e[1]
+            for label, message in v5e[2].items():  # a check that failed: that row does not count
+                results["errors"][f"TPU v5e-8 compile, {label}"] = message
 
     if not args.no_nbval:
         nb = section("notebooks under nbval", lambda: notebook_wall_times(env, only))

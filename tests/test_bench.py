@@ -76,3 +76,126 @@ def test_bench_refuses_unknown_notebook_names():
         select_notebooks(["00_setup", "00_stup"])
     with pytest.raises(SystemExit, match="selects no notebook"):
         select_notebooks([""])
+
+
+# --- 06's trades (bench/memory.py) and the v5e-8 compile rows (bench/tpu.py): cheap versions ---
+
+TINY = dict(V=64, D=32, N=2, H=16, F=64, L=2, T=16, B=8)
+
+
+def test_remat_and_accumulation_rows_check_before_they_count():
+    import jax
+
+    from bench import memory
+
+    devices = jax.devices()[:2]  # B=8 splits into K=4 micro-batches on 2 devices
+    r = memory.remat(memory.Config(**TINY), repeats=1, devices=devices)
+    assert r["full"]["flops"] > r["none"]["flops"] and r["full"]["temp_bytes"] < r["none"]["temp_bytes"], r
+    assert r["grad_max_rel_diff"] <= r["grad_rtol"] and r["flops_ratio"] == r["full"]["flops"] / r["none"]["flops"]
+    a = memory.accumulation(memory.Config(**TINY), devices=devices)
+    assert list(a["K"]) == [1, 2, 4] and a["K"][4]["micro_batch"] == 2
+    assert a["K"][1]["temp_bytes"] > a["K"][2]["temp_bytes"] > a["K"][4]["temp_bytes"], a
+    assert all(v["grad_max_rel_diff"] <= a["grad_rtol"] for v in a["K"].values()), a
+
+
+def test_remat_and_accumulation_refuse_other_gradients(monkeypatch):
+    import jax
+
+    from bench import memory
+    from bench.minigpt import CheckFailed
+
+    devices = jax.devices()[:2]
+    with pytest.raises(ValueError, match="multiple of K x devices"):
+        memory.Bench(memory.Config(**(TINY | {"B": 6})), devices)
+    # Accumulation that leaves rows out: its loss and gradients are not the plain step's.
+    original = memory.loss_and_grads
+
+    def drops_one(params, batch, c):
+        return original(params, batch[: batch.shape[0] - len(devices)] if c.micro > 1 else batch, c)
+
+    monkeypatch.setattr(memory, "loss_and_grads", drops_one)
+    with pytest.raises(CheckFailed, match="K=2: loss .* != the plain step's"):
+        memory.accumulation(memory.Config(**TINY), micro=(1, 2), devices=devices)
+
+    def off_by_a_percent(params, batch, c):  # remat that changed the gradients, not the loss
+        loss, grads = original(params, batch, c)
+        return loss, jax.tree.map(lambda g: 1.01 * g, grads) if c.remat == "full" else grads
+
+    monkeypatch.setattr(memory, "loss_and_grads", off_by_a_percent)
+    with pytest.raises(CheckFailed, match="gradients differ from the plain step's"):
+        memory.remat(memory.Config(**TINY), repeats=1, devices=devices)
+
+
+def test_tpu_rows_say_why_when_there_is_no_estimate(monkeypatch):
+    from types import SimpleNamespace
+
+    from bench import tpu
+
+    cfg = SimpleNamespace(global_batch=8, seq_len=16, d_model=32, n_heads=2, d_ff=64, n_layers=1,
+                          vocab_size=128, compute_dtype="bfloat16")
+    monkeypatch.setattr(tpu, "tpu_devices", lambda: (None, "cannot compile for a Kaggle v5e-8 here (no libtpu)"))
+    rows, details, failed = tpu.rows(None, {"tiny": cfg, "gone": "01's Config cannot express it (no loss)"})
+    assert rows[0]["result"] == "not compiled: cannot compile for a Kaggle v5e-8 here (no libtpu)", rows
+    assert rows[1]["result"] == "not compiled: 01's Config cannot express it (no loss)", rows
+    assert "error" in details["tiny"] and not failed
+
+    def fails(lib, cfg, devices):
+        raise RuntimeError("RESOURCE_EXHAUSTED: CompileTimeHbmOom: 17.2G of 15.75G\nmore")
+
+    monkeypatch.setattr(tpu, "tpu_devices", lambda: (["a device"], None))
+    monkeypatch.setattr(tpu, "estimate", fails)
+    rows, _, failed = tpu.rows(None, {"tiny": cfg, "tiny again": cfg})
+    assert all(r["result"] == "not compiled: compile failed: RuntimeError: RESOURCE_EXHAUSTED: "
+               "CompileTimeHbmOom: 17.2G of 15.75G" for r in rows), rows
+    assert not failed  # a step that does not fit is a row that says so, not a failed check
+
+    def wrong_loss(lib, cfg):
+        raise tpu.CheckFailed("01's 'chunked' loss differs from the plain loss by 1.0e-01")
+
+    monkeypatch.setattr(tpu, "chunked_loss_matches", wrong_loss)
+    chunked = SimpleNamespace(**vars(cfg), loss="chunked", loss_chunks=4)
+    rows, _, failed = tpu.rows(None, {"after": chunked})
+    assert list(failed) == ["after"] and rows[0]["result"].startswith("not compiled: check failed: 01's"), rows
+
+
+TPU_PROBE = """
+import dataclasses, json, sys
+sys.path.insert(0, sys.argv[1])
+from bench import tpu
+from bench.course import load_course_lib
+devices, why = tpu.tpu_devices()
+if devices is None:
+    print(json.dumps({"skip": why}))
+    raise SystemExit
+lib = load_course_lib("01_minigpt")
+labels = list(tpu.configs(lib))
+tiny = dataclasses.replace(tpu.configs(lib)[labels[0]], global_batch=8, seq_len=32, d_model=64,
+                           n_heads=2, d_ff=128, n_layers=1)
+rows, details, failed = tpu.rows(lib, {"tiny": tiny})
+after = tpu.configs(lib)["01 v5e-8 preset, after"]
+gap = tpu.chunked_loss_matches(lib, after) if not isinstance(after, str) and after.loss != "plain" else None
+print(json.dumps({"labels": labels, "row": rows[0], "est": details["tiny"], "failed": failed,
+                  "configs": {k: tpu.shape(c) for k, c in tpu.configs(lib).items()}, "loss_gap": gap}))
+"""
+
+
+def test_tpu_rows_compile_01s_step_for_a_v5e_8():
+    """A tiny MiniGPT through the same code as the real rows (bench/tpu.py), for the v5e-8."""
+    out = subprocess.run([sys.executable, "-c", TPU_PROBE, str(ROOT)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    if "skip" in found:
+        pytest.skip(found["skip"])
+    est, row = found["est"], found["row"]
+    assert "error" not in est, est
+    assert est["device_kind"] == "TPU v5 lite" and est["mesh"] == {"data": 4, "model": 2}, est
+    assert 0 < est["bytes_per_chip"] < 15.75 * 2**30 and est["fits"], est
+    assert est["roofline_s"] == max(est["flops_per_chip"] / 197e12, est["bytes_accessed_per_chip"] / 819e9)
+    assert 0 < est["mfu"] <= est["hfu"] * 1.5 and est["hfu"] <= 1, est
+    assert "TPU compiler estimate, not a measurement" in row["benchmark"], row
+    assert found["configs"]["01 v5e-8 preset, before"].startswith("B=256 T=256 D=256 N=8 F=1024 L=8 V=50304 bfloat16")
+    assert found["configs"]["seed architecture"].startswith("B=1536 T=256 D=256 N=8 F=256 L=4"), found["configs"]
+    assert found["labels"] == ["01 v5e-8 preset, before", "seed architecture", "01 v5e-8 preset, after"]
+    assert "see AFTER" not in found["configs"]["01 v5e-8 preset, after"], "01's Config cannot express AFTER"
+    assert found["loss_gap"] is None or found["loss_gap"] <= 1e-5, found["loss_gap"]

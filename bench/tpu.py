@@ -1,0 +1,202 @@
+"""01's train step compiled for a Kaggle TPU v5e-8 that is not attached: compiler estimates.
+
+libtpu (installed with `jax[tpu]`) holds the TPU compiler and compiles for a TPU topology on any
+Linux machine (CONTRIBUTING.md, "Compiling for a TPU that is not attached"). The step is
+notebook 01's own (`lib.compile_step`: its `train_step` lowered from abstract shapes on a mesh
+of the v5e-8's devices, nothing runs). From the compiled program: memory per chip
+(`lib.step_memory` of `memory_analysis()`), FLOPs and bytes accessed (`cost_analysis()`, per
+chip), and the roofline time max(FLOPs / peak, bytes / HBM bandwidth) with the v5e data sheet's
+figures; the compiler's own `optimal_seconds` is negative for these v5e programs, so it is not
+used. MFU implied = the model's FLOPs (6 N + 12 L D T per token, as the measured rows count
+them) / roofline time / the 8 chips' peak. Every number is a TPU compiler estimate, not a
+measurement.
+
+Where libtpu is missing, or a compile fails (a step that does not fit fails with
+RESOURCE_EXHAUSTED), the row says so and the benchmark carries on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+
+from bench.minigpt import CheckFailed, check, model_flops_per_token, seed_config
+
+LABEL = "TPU compiler estimate, not a measurement"
+TARGET = "Kaggle v5e-8"
+TOPOLOGY, CHIPS_PER_HOST = "v5e:2x4", (2, 4, 1)  # one host with 8 chips
+# TPU v5e data sheet (cloud.google.com/tpu/docs/v5e), per chip; the compiler's HBM limit.
+V5E = {"bf16_flops": 197e12, "hbm_bytes_per_s": 819e9, "hbm_bytes": 15.75 * 2**30}
+
+# 01_minigpt's v5e-8 preset before issue 25: the seed tutorial's model (D=256, N=8, F=1024, L=8,
+# T=256, V=50,304 padded), 32 sequences per chip on a 4 x 2 ('data', 'model') mesh, bfloat16
+# matmuls. Fields of 01's Config.
+BEFORE = {"global_batch": 256, "seq_len": 256, "d_model": 256, "n_heads": 8, "d_ff": 1024, "n_layers": 8,
+          "vocab_size": 50_304, "compute_dtype": "bfloat16", "model_parallel": 2}
+# After issue 25: the v5e-8 preset 01 chose by compiling for the v5e-8 (wider, pure data
+# parallelism on a mesh of 8 x 1, and the chunked loss, which never holds the [B, T, V] logits).
+AFTER = {"global_batch": 256, "seq_len": 256, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_layers": 8,
+         "vocab_size": 50_304, "compute_dtype": "bfloat16", "model_parallel": 1, "loss": "chunked",
+         "loss_chunks": 4}
+
+
+# Where 01's loss is chunked (issue 25: no [B, T, V] logits at once), its value and gradients are
+# checked equal to the plain loss's on the CPU, on a small model of the same kind, before a
+# row with that loss counts: |chunked - plain| <= LOSS_RTOL * the plain loss (value) or its
+# largest gradient (every gradient), float32.
+LOSS_RTOL = 1e-5
+
+
+def chunked_loss_matches(lib, cfg) -> float:
+    """Largest relative difference between 01's chunked and plain losses (values and gradients)
+    for a small float32 model with cfg's loss settings, on one CPU device; raises CheckFailed
+    beyond LOSS_RTOL."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    small = dataclasses.replace(cfg, global_batch=4, seq_len=8 * cfg.loss_chunks, d_model=64, n_heads=2,
+                                d_ff=128, n_layers=2, compute_dtype="float32", model_parallel=1)
+    mesh = lib.make_mesh(small, jax.devices("cpu")[:1])
+    batch = jax.random.randint(jax.random.key(1), (small.global_batch, small.seq_len + 1), 0,
+                               small.real_vocab, jnp.int32)
+    out = {}
+    with jax.default_matmul_precision("highest"):
+        for loss in ("plain", cfg.loss):
+            model, _ = lib.create_model(dataclasses.replace(small, loss=loss), mesh)  # same seed, same weights
+            with jax.set_mesh(mesh):
+                value, grads = nnx.value_and_grad(lib.loss_fn)(model, batch)
+            out[loss] = (float(value), [np.asarray(g) for g in jax.tree.leaves(grads)])
+    (v0, g0), (v1, g1) = out["plain"], out[cfg.loss]
+    # Gradients relative to the largest of all: some are zero up to rounding (a key's bias
+    # shifts every score of a query alike, which the softmax ignores).
+    scale = max(float(np.max(np.abs(b))) for b in g0)
+    gap = max([abs(v1 - v0) / abs(v0)] + [float(np.max(np.abs(a - b))) / scale for a, b in zip(g1, g0, strict=True)])
+    check(len(g0) == len(g1) and gap <= LOSS_RTOL,
+          f"01's {cfg.loss!r} loss differs from the plain loss by {gap:.1e} (tolerance {LOSS_RTOL:.0e})")
+    return gap
+
+
+def tpu_devices():
+    """(devices, None) of a v5e-8 to compile for, or (None, why not)."""
+    if jax.default_backend() != "tpu":  # no TPU here: libtpu must not look for a TPU VM's metadata
+        for key, value in {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
+                           "TPU_ACCELERATOR_TYPE": "v5litepod-8"}.items():
+            os.environ.setdefault(key, value)
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu
+    try:
+        from jax.experimental import topologies
+
+        return topologies.get_topology_desc(topology_name=TOPOLOGY, platform="tpu",
+                                            chips_per_host_bounds=CHIPS_PER_HOST).devices, None
+    except Exception as e:  # noqa: BLE001 - no libtpu (a GPU runtime, macOS): say so, carry on
+        return None, f"cannot compile for a {TARGET} here ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+
+
+def configs(lib) -> dict:
+    """label -> 01's Config for each row (the preset before, the seed's architecture, the preset
+    after), or a string saying why that row has none."""
+    before = dataclasses.replace(lib.Config("tpu-before"), **BEFORE)
+    seed = seed_config(lib, before, 8, on_cpu=False)  # B = 192 per chip, as the seed trains on a v5e-8
+    try:
+        after = dataclasses.replace(lib.Config("tpu-after"), **AFTER)
+    except TypeError as e:  # 01's Config lacks a field the preset needs (the chunked loss)
+        after = f"01's Config cannot express it ({e})"
+    return {"01 v5e-8 preset, before": before, "seed architecture": seed, "01 v5e-8 preset, after": after}
+
+
+def preset_note(lib, cfg, devices) -> str:
+    """Whether 01's preset_for(a v5e-8) is this configuration today (its name, steps and other
+    training fields aside), and if not, which fields differ."""
+    now = lib.preset_for(devices)
+    fields = [f for f in AFTER if getattr(now, f, None) != getattr(cfg, f)]
+    return ("= 01's preset_for(v5e-8) today" if not fields else "01's preset_for(v5e-8) now differs in "
+            + ", ".join(f"{f}={getattr(now, f, None)}" for f in fields))
+
+
+def shape(cfg) -> str:
+    if isinstance(cfg, str):
+        return "B=256 T=256 ... (see AFTER in bench/tpu.py)"
+    loss = getattr(cfg, "loss", "plain")
+    return (f"B={cfg.global_batch} T={cfg.seq_len} D={cfg.d_model} N={cfg.n_heads} F={cfg.d_ff} "
+            f"L={cfg.n_layers} V={cfg.vocab_size} {cfg.compute_dtype}, {loss} loss"
+            + (f" ({cfg.loss_chunks} chunks)" if loss != "plain" else ""))
+
+
+def estimate(lib, cfg, devices) -> dict:
+    """Compile 01's train step for `cfg` on the v5e-8 `devices`; the compiler's estimates."""
+    mesh = lib.make_mesh(cfg, devices)
+    start = time.perf_counter()
+    compiled = lib.compile_step(cfg, mesh)
+    compile_s = time.perf_counter() - start
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    flops, nbytes = float(cost["flops"]), float(cost["bytes accessed"])  # per chip
+    compute_s, memory_s = flops / V5E["bf16_flops"], nbytes / V5E["hbm_bytes_per_s"]
+    roofline_s = max(compute_s, memory_s)
+    model, _ = lib.abstract_model(cfg, mesh)
+    per_token, n_params = model_flops_per_token(model, cfg)
+    n_chips = mesh.devices.size
+    model_flops = per_token * cfg.global_batch * cfg.seq_len
+    step_bytes = lib.step_memory(mem)
+    return {
+        "shape": shape(cfg), "mesh": dict(mesh.shape), "device_kind": devices[0].device_kind,
+        "compile_s": compile_s, "bytes_per_chip": step_bytes, "fits": step_bytes <= V5E["hbm_bytes"],
+        "margin": 1 - step_bytes / V5E["hbm_bytes"],
+        "flops_per_chip": flops, "bytes_accessed_per_chip": nbytes,
+        "compute_s": compute_s, "memory_s": memory_s, "roofline_s": roofline_s,
+        "bound": "memory" if memory_s > compute_s else "compute",
+        "model_flops_per_step": model_flops, "non_embedding_params": n_params,
+        "mfu": model_flops / roofline_s / (n_chips * V5E["bf16_flops"]),
+        "hfu": flops / roofline_s / V5E["bf16_flops"],  # the compiled FLOPs' share of the roofline
+        "tokens_per_s": cfg.global_batch * cfg.seq_len / roofline_s,
+        "optimal_seconds": float(cost.get("optimal_seconds", float("nan"))),
+    }
+
+
+def row(label: str, cfg, est: dict | None, why: str | None) -> dict:
+    """The table row of one estimate (or of why there is none)."""
+    mesh = "x".join(str(n) for n in est["mesh"].values()) if est else "?"
+    note = f"; {est['note']}" if est and est.get("note") else ""
+    config = f"{label}: {shape(cfg)}, {TARGET}, mesh {mesh}{note}"
+    if est is None:
+        return {"benchmark": f"train step compiled for a {TARGET}", "config": config, "result": f"not compiled: {why}"}
+    fit = f"fits, {100 * est['margin']:.0f}% margin" if est["fits"] else "DOES NOT FIT"
+    return {
+        "benchmark": f"train step compiled for a {TARGET} ({LABEL})",
+        "config": config,
+        "result": f"{est['bytes_per_chip'] / 2**30:.2f} GiB per chip of 15.75 ({fit}); "
+        f"{est['flops_per_chip'] / 1e12:.2f} TFLOP and {est['bytes_accessed_per_chip'] / 1e9:.1f} GB accessed "
+        f"per chip; roofline {est['roofline_s'] * 1e3:.1f} ms ({est['bound']}-bound: compute "
+        f"{est['compute_s'] * 1e3:.1f} ms, memory {est['memory_s'] * 1e3:.1f} ms); MFU implied "
+        f"{100 * est['mfu']:.1f}% (6NT: {est['model_flops_per_step'] / 1e12:.2f} TFLOP/step), HFU "
+        f"{100 * est['hfu']:.1f}%; {est['tokens_per_s']:,.0f} tokens/s",
+        "compile_s": est["compile_s"],
+    }
+
+
+def rows(lib, selected: dict | None = None) -> tuple[list[dict], dict]:
+    """Every configuration's row and estimates; a failed compile becomes a row that says so."""
+    selected = configs(lib) if selected is None else selected
+    devices, why = tpu_devices()
+    out_rows, details = [], {}
+    failed = {}
+    for label, cfg in selected.items():
+        est, reason = None, why if not isinstance(cfg, str) else cfg
+        if devices is not None and not isinstance(cfg, str):
+            try:
+                checked = (f"its loss equals the plain loss on CPU (values and gradients within "
+                           f"{chunked_loss_matches(lib, cfg):.0e})" if getattr(cfg, "loss", "plain") != "plain" else "")
+                est = estimate(lib, cfg, devices)
+                est["note"] = "; ".join(x for x in (checked, preset_note(lib, cfg, devices) if "after" in label else "") if x)
+            except CheckFailed as e:  # a wrong loss: the row must not count, and the run fails
+                reason = failed[label] = f"check failed: {e}"
+            except Exception as e:  # noqa: BLE001 - e.g. RESOURCE_EXHAUSTED: the step does not fit
+                reason = f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        details[label] = est if est is not None else {"error": reason}
+        out_rows.append(row(label, cfg, est, reason))
+    return out_rows, details, failed
