@@ -126,3 +126,11 @@ def test_committed_notebook_opens_folded(ipynb):
             f"{ipynb.stem}: code cell {number} ({''.join(cell['source'])[:50]!r}, tags "
             f"{meta.get('tags', [])}) should open with {want or 'nothing folded'}, has {got}; run "
             f"`.venv/bin/python tools/execute.py --fold {ipynb.stem}` (or `make run NB={ipynb.stem}`)")
+        # Colab folds only a cell in form view: a `# @title` first line and cellView: form. A cell
+        # magic (`%%writefile`) must stay on the first line, so such a cell cannot fold on Colab.
+        if mode and not "".join(cell["source"]).startswith("%%"):
+            where = f"{ipynb.stem}: code cell {number} ({''.join(cell['source'])[:50]!r})"
+            assert EXECUTE.COLAB_TITLE.match("".join(cell["source"]).lstrip()), (
+                f"{where} is folded elsewhere but not on Colab: start it with a `# @title <what it does>` line "
+                f"in md/{ipynb.stem}.md")
+            assert meta.get("cellView") == "form", f"{where}: run `.venv/bin/python tools/execute.py --fold {ipynb.stem}`"
