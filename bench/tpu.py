@@ -200,3 +200,49 @@ def rows(lib, selected: dict | None = None) -> tuple[list[dict], dict]:
         details[label] = est if est is not None else {"error": reason}
         out_rows.append(row(label, cfg, est, reason))
     return out_rows, details, failed
+
+
+def largest_batch(lib, cfg, devices, stride: int = 64, hi: int = 2048) -> dict:
+    """The largest global batch (a multiple of `stride`, 8 sequences per chip) at which `cfg`'s step,
+    compiled for `devices`, fits and keeps the preset's FLOPs per sequence: near the memory limit the
+    TPU compiler may recompute activations on its own (more FLOPs per sequence), which is a different
+    step. Found by bisection, compiling each candidate; a compile that fails counts as not fitting."""
+    base = estimate(lib, cfg, devices)
+    per_seq = base["flops_per_chip"] / cfg.global_batch
+    tried = {}
+
+    def ok(batch: int) -> bool:
+        try:
+            est = estimate(lib, dataclasses.replace(cfg, global_batch=batch), devices)
+        except Exception as e:  # noqa: BLE001 - RESOURCE_EXHAUSTED: it does not fit
+            tried[batch] = f"compile failed ({type(e).__name__})"
+            return False
+        recomputes = est["flops_per_chip"] / batch > 1.02 * per_seq
+        tried[batch] = (f"{est['bytes_per_chip'] / 2**30:.2f} GiB, "
+                        f"{est['flops_per_chip'] / batch / per_seq - 1:+.1%} FLOPs per sequence")
+        return est["fits"] and not recomputes
+
+    lo = cfg.global_batch  # fits: the preset's own row
+    check(base["fits"], f"the preset itself (B={lo}) does not fit")
+    while lo < hi and ok(2 * lo):  # double, then bisect
+        lo *= 2
+    high = min(2 * lo, hi)
+    while high - lo > stride:
+        mid = (lo + high) // 2 // stride * stride
+        lo, high = (mid, high) if ok(mid) else (lo, mid)
+    return {"largest": lo, "tried": dict(sorted(tried.items())), "preset": cfg.global_batch}
+
+
+def largest_batch_row(lib) -> tuple[dict, dict]:
+    """The bench row: the largest batch 01's v5e-8 preset could use, found by compiling."""
+    devices, why = tpu_devices()
+    cfg = configs(lib)["01 v5e-8 preset, after"]
+    config = f"01 v5e-8 preset ({shape(cfg)}), {TARGET}, batch in multiples of 64"
+    if devices is None or isinstance(cfg, str):
+        return {"benchmark": "largest batch that fits, by compiling", "config": config,
+                "result": f"not compiled: {why or cfg}"}, {}
+    found = largest_batch(lib, cfg, devices)
+    tried = "; ".join(f"B={b}: {t}" for b, t in found["tried"].items())
+    return {"benchmark": f"largest batch that fits a {TARGET}, by compiling ({LABEL})", "config": config,
+            "result": f"B={found['largest']} ({found['largest'] // 8} per chip; the preset uses "
+            f"{found['preset']}); tried {tried}"}, found
