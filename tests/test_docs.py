@@ -66,6 +66,21 @@ def load_conf():
 CONF = load_conf()
 
 
+def test_fold_labels_say_what_the_cell_does():
+    """A fold's label names the cell's job: its first specific comment, else what it defines; the
+    generic Colab title ('Helper (machinery, not part of the lesson)') never repeats the kind."""
+    generic = "# @title Helper (machinery, not part of the lesson)\n"
+    closed, _ = CONF.fold_labels("helper", "input", generic + "def load(path):\n    return path\n")
+    assert closed.startswith("Helper: defines load ·"), closed
+    closed, _ = CONF.fold_labels("helper", "input", generic + "# tokenise once\nx = 1\n")
+    assert closed.startswith("Helper: Tokenise once ·"), closed
+    closed, _ = CONF.fold_labels("check", "input", "# @title Check: the loss went down\nassert 1\n")
+    assert closed.startswith("Check: The loss went down · show the code (2 lines, 1 assert)"), closed
+    for kind, title in (("helper", "Helper"), ("check", "Check")):
+        closed, _ = CONF.fold_labels(kind, "input", f"# @title {title} (x, not part of the lesson)\ny = 2\n")
+        assert f"{title}: {title}" not in closed, closed
+
+
 def sphinx_command(*extra: str) -> list[str]:
     """The build `make docs` runs (keep the two in step): warnings are errors, nitpicky."""
     return [sys.executable, "-m", "sphinx", "-b", "html", "-c", "docs", "-W", "--keep-going", "-n",
