@@ -213,8 +213,8 @@ def fold_title(source: str) -> str:
         if not text or text.startswith(("NBVAL_", "noqa", "type:", "fmt:")):
             continue
         text = re.sub(r"^@title\s*", "", text)
-        if re.fullmatch(r"(check|helper)\b.*\(.*not part of the lesson\)", text, flags=re.IGNORECASE):
-            continue  # the generic Colab title ('Helper (machinery, ...)'): the fold already says it
+        if re.fullmatch(r"(check|helper)\s*\(.*\)", text, flags=re.IGNORECASE):
+            continue  # a generic Colab title ('Check (asserts the claims above)'): the fold says it
         text = re.sub(r"^(check|helper)\s*[:·—-]\s*", "", text, flags=re.IGNORECASE)
         text = text.replace("`", "")
         if len(text) > LABEL_CHARS:
