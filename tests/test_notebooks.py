@@ -95,3 +95,16 @@ def test_ruff():
         [sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("md", [p for p in MD if "def tpu_devices(" in p.read_text()], ids=lambda p: p.stem)
+def test_every_tpu_compile_honours_the_switch(md):
+    """`make test-1`/`test-devices` set COURSE_TPU_COMPILE=0 so that each notebook's TPU cells take
+    their no-libtpu path (Colab's CPU runtime). A `tpu_devices` that ignores the switch compiles
+    anyway, and the path a reader without libtpu gets is never run."""
+    cells = jupytext.read(md).cells
+    helper = next(c.source for c in cells if "def tpu_devices(" in c.source)
+    body = helper[helper.index("def tpu_devices("):]
+    body = body[:body.index("\ndef ", 1)] if "\ndef " in body[1:] else body
+    assert re.search(r'os\.environ\.get\("COURSE_TPU_COMPILE"\) == "0"', body), (
+        f"{md.stem}: tpu_devices must raise inside its try when COURSE_TPU_COMPILE=0, as md/06_memory.md does")
