@@ -26,7 +26,7 @@ help:
 	@echo "make test-1        every notebook under nbval on 1 emulated device (the Colab CPU case; CI runs it)"
 	@echo "make test-devices  execute every notebook at 1, 2 and 4 emulated devices"
 	@echo "make test-latest   every notebook under nbval with the newest release of every requirement (.venv-latest)"
-	@echo "make sync          jupytext: bring md/ and notebooks/ in line (newest side wins)"
+	@echo "make sync          write the notebooks' copies of course/*.py, then pair md/ and notebooks/ (newest side wins)"
 	@echo "make lint          ruff over notebooks and code"
 	@echo "make data          write the offline tokenizer cache and corpus under .cache/"
 	@echo "make bench         speed vs the seed baselines and the hardware (NBVAL=0 skips the notebooks' wall times)"
@@ -77,7 +77,9 @@ test-latest:
 	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -r $(LATEST)/requirements-unpinned.txt
 	$(LATEST)/bin/python tests/latest.py $(ARGS)
 
+# The notebooks' copies of course/*.py first (tools/course_cells.py), then the pairs.
 sync: $(STAMP)
+	$(BIN)/python tools/course_cells.py
 	$(BIN)/jupytext --sync md/*.md
 
 lint: $(STAMP)

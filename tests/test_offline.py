@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
 import offline  # noqa: E402
 
 
@@ -67,131 +68,8 @@ def test_corpus_is_grammatical():
         assert (kind, pronoun) == (("girl", "she") if name in offline.GIRLS else ("boy", "he")), name
 
 
-def _minigpt_load_stories():
-    """`load_stories` exactly as notebook 01 defines it (its cell's text, up to the next helper)."""
-    import http.client
-    import urllib.request
-
-    source = (Path(__file__).resolve().parent.parent / "md" / "01_minigpt.md").read_text()
-    start = source.index("TINYSTORIES_URL = ")
-    namespace = {"os": os, "http": http, "urllib": urllib, "Path": Path}
-    exec(source[start : source.index("def gpt2_tokenizer()", start)], namespace)  # noqa: S102
-    return namespace["load_stories"]
-
-
-class _Response:
-    """What urlopen returns, serving `data` (the test never touches the network)."""
-
-    def __init__(self, data: bytes):
-        self.data, self.at = data, 0
-
-    def read(self, n: int) -> bytes:
-        self.at += n
-        return self.data[self.at - n : self.at]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def test_minigpt_download_stops_after_the_text_the_preset_reads(tmp_path, monkeypatch):
-    import urllib.request
-
-    load_stories = _minigpt_load_stories()
-    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
-    served = "".join(f"Story {i}: Zoé found a café.\n<|endoftext|>\n" for i in range(900_000)).encode()
-    assert len(served) > 2 * (1 << 24), "more than two of the loader's 16 MiB reads"
-    fetched = []
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: fetched.append(url) or _Response(served))
-
-    text, source = load_stories("train", max_chars=20_000_000)
-    assert source == "TinyStories" and len(text) == 20_000_000 and len(fetched) == 1
-    head = tmp_path / "TinyStories-train-first20000000.txt"
-    kept = head.read_bytes()
-    assert not (tmp_path / "TinyStories-train.txt").exists(), "a part of the file must not pass for all of it"
-    assert len(kept) < len(served) and served.startswith(kept), "the download stopped early, at a story's end"
-    assert served[len(kept) :].startswith(b"<|endoftext|>")
-
-    def offline(url, timeout):
-        raise OSError("no network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", offline)
-    assert load_stories("train", max_chars=20_000_000) == (text, "TinyStories"), "read again, not downloaded"
-    try:
-        load_stories("train")  # the whole split is not there, and there is no network
-    except RuntimeError as e:
-        assert "no network" in str(e) and "make data" in str(e)
-    else:
-        raise AssertionError("a failed download must raise a RuntimeError that says what to do")
-
-
-# --------------------------------------------------------------------------------------
-# Every notebook's copy of `load_stories`, on its download path (the network is never used:
-# urlopen is replaced by a server of bytes, or fails as it does offline).
-# --------------------------------------------------------------------------------------
-
-ROOT = Path(__file__).resolve().parent.parent
-LOADERS = sorted(p for p in (ROOT / "md").glob("*.md") if "def load_stories(" in p.read_text())
-
-
-def notebook_load_stories(md: Path):
-    """`load_stories` (and TINYSTORIES_URL) exactly as md/NAME.md defines them, and nothing else
-    of their cell: the two top-level statements are taken from the cell's syntax tree."""
-    import ast
-    import http.client
-    import urllib.request
-
-    text = md.read_text()
-    start = text.rindex("```{code-cell}", 0, text.index("def load_stories("))
-    body = text[text.index("\n", start) + 1 : text.index("\n```", start)]
-    body = "\n".join(line for line in body.splitlines() if not line.startswith(":tags:"))
-    tree = ast.parse(body)
-    keep = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name == "load_stories")
-            or (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "TINYSTORIES_URL" for t in n.targets))]
-    namespace = {"os": os, "http": http, "urllib": urllib, "Path": Path}
-    exec(compile(ast.Module(keep, []), str(md), "exec"), namespace)  # noqa: S102
-    assert "TINYSTORIES_URL" in namespace, f"{md.name}: load_stories' cell has no TINYSTORIES_URL"
-    return namespace["load_stories"]
-
-
-def test_every_copy_of_load_stories_is_tested():
-    assert {p.stem for p in LOADERS} >= {"00_setup", "01_minigpt", "03_tensor_parallel_transformer"}, LOADERS
-
-
-@pytest.mark.parametrize("md", LOADERS, ids=lambda p: p.stem)
-def test_load_stories_downloads_then_reads_the_file(md, tmp_path, monkeypatch):
-    import urllib.request
-
-    load_stories = notebook_load_stories(md)
-    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "data"))
-    served = "".join(f"Story {i}: Zoé found a café.\n<|endoftext|>\n" for i in range(2000)).encode()
-    fetched = []
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: fetched.append(url) or _Response(served))
-    text, source = load_stories("valid")
-    assert (text.encode(), source) == (served, "TinyStories"), f"{md.stem}: the download is the text returned"
-    assert fetched and fetched[0].endswith("TinyStories-valid.txt"), fetched
-    assert (tmp_path / "data" / "TinyStories-valid.txt").read_bytes() == served
-    assert not list((tmp_path / "data").glob("*.part")), "the partial file was renamed"
-    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: (_ for _ in ()).throw(OSError("offline")))
-    assert load_stories("valid") == (text, "TinyStories"), "the second call reads the file, no download"
-
-
-@pytest.mark.parametrize("md", LOADERS, ids=lambda p: p.stem)
-def test_load_stories_offline_fails_fast_and_says_what_to_do(md, tmp_path, monkeypatch):
-    """The real urlopen, under the tests' no-network environment (conftest.py): it must fail at
-    once, not after the 60 s timeout, with the clear RuntimeError."""
-    import time
-
-    load_stories = notebook_load_stories(md)
-    monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path / "empty"))
-    start = time.perf_counter()
-    with pytest.raises(RuntimeError, match="make data") as info:
-        load_stories("valid")
-    assert time.perf_counter() - start < 30, "the download attempt waited instead of failing"
-    assert isinstance(info.value.__cause__, OSError), info.value.__cause__
-    assert not list((tmp_path / "empty").glob("TinyStories-*")), "nothing is left behind"
+# `load_stories` itself is tested once, from its source, in tests/test_course.py: the notebooks'
+# copies of course/data.py are checked to equal it.
 
 
 def test_a_download_fails_at_once_under_the_test_environment():

@@ -32,6 +32,7 @@ from jupytext.config import load_jupytext_config
 from nbclient import NotebookClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import course_cells  # noqa: E402
 import offline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,6 +127,7 @@ def execute(name: str) -> float:
     md, ipynb = ROOT / "md" / f"{name}.md", ROOT / "notebooks" / f"{name}.ipynb"
     if not md.exists():
         raise SystemExit(f"no such notebook: {md.relative_to(ROOT)}")
+    course_cells.rewrite(md)  # the copies of course/*.py, as `make sync` writes them
     sync(md, ipynb)
     nb = nbformat.read(ipynb, as_version=4)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}

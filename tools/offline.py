@@ -311,13 +311,18 @@ def emulated_devices(environ=os.environ) -> int:
 
 
 def course_env(environ=os.environ) -> dict[str, str]:
-    """The variables under which `make run` and `make test` execute the notebooks."""
+    """The variables under which `make run` and `make test` execute the notebooks: on the CPU
+    (emulated devices) unless COURSE_ACCELERATOR=1 asks for the attached GPU/TPU, with every
+    compile for a TPU required to run (COURSE_TPU_COMPILE=1) unless the caller said 0."""
     flags = environ.get("XLA_FLAGS", "")
     if not re.search(_DEVICE_FLAG, flags):
         flags = f"{flags} --xla_force_host_platform_device_count={emulated_devices(environ)}"
+    platforms = {} if environ.get("COURSE_ACCELERATOR") == "1" else {
+        "JAX_PLATFORMS": environ.get("JAX_PLATFORMS", "cpu")}
     return {
         "XLA_FLAGS": flags.strip(),
-        "JAX_PLATFORMS": environ.get("JAX_PLATFORMS", "cpu"),
+        **platforms,
+        "COURSE_TPU_COMPILE": environ.get("COURSE_TPU_COMPILE", "1"),
         "TF_CPP_MIN_LOG_LEVEL": environ.get("TF_CPP_MIN_LOG_LEVEL", "3"),
         # libtpu (the TPU compiler the notebooks use without a TPU) lets one process at a
         # time hold it unless told otherwise; tests and notebooks may overlap.
