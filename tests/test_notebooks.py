@@ -106,3 +106,96 @@ def test_no_committed_output_skipped_a_tpu_compile(ipynb):
             text = json.dumps(out)
             for words in ("Cannot compile for", "Skipping the compile for"):
                 assert words not in text, f"{ipynb.stem}: an output says {words!r}: run `make run NB={ipynb.stem}`"
+
+
+# --- A lesson reads only what the reader has seen --------------------------------------------
+
+def _bound(statements) -> tuple[set[str], set[str]]:
+    """(names a cell binds at the top level by def, class or import; by assignment)."""
+    import ast
+
+    defined, assigned = set(), set()
+    for node in statements:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        else:
+            for child in ast.walk(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                    continue
+                if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                    assigned.add(child.id)
+            for inner in ("body", "orelse", "finalbody", "handlers"):
+                d, a = _bound(getattr(node, inner, []) or [])
+                defined, assigned = defined | d, assigned | a
+    return defined, assigned
+
+
+def _reads(tree) -> set[str]:
+    """Global names a cell reads: every loaded name, less those a function, lambda or
+    comprehension binds for itself."""
+    import ast
+
+    reads = set()
+
+    def visit(node, local: frozenset):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            names = {a.arg for a in args.args + args.kwonlyargs + args.posonlyargs}
+            names |= {a.arg for a in (args.vararg, args.kwarg) if a}
+            body = node.body if isinstance(node.body, list) else [node.body]
+            names |= {n.id for b in body for n in ast.walk(b) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for d in getattr(node, "decorator_list", []) + args.defaults + args.kw_defaults:
+                if d is not None:
+                    visit(d, local)
+            for b in body:
+                visit(b, local | names)
+            return
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            names = {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+            for child in ast.iter_child_nodes(node):
+                visit(child, local | names)
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
+            reads.add(node.id)
+        for child in ast.iter_child_nodes(node):
+            visit(child, local)
+
+    visit(tree, frozenset())
+    return reads
+
+
+def folded_only_reads(path) -> list[str]:
+    """Names a lesson cell reads that, up to that cell, only folded cells define: a check's
+    variables, or a helper's lowercase variables (its functions, classes, imports and
+    UPPER_CASE tables are machinery the lesson may call by name)."""
+    import ast
+
+    seen_lesson, seen_helper_code, seen_folded = set(), set(), set()
+    found = []
+    for i, cell in enumerate(jupytext.read(path).cells):
+        if cell.cell_type != "code" or cell.source.lstrip().startswith("%%"):
+            continue
+        source = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        defined, assigned = _bound(tree.body)
+        tags = set(cell.metadata.get("tags", []))
+        if tags & {"check", "helper"}:
+            seen_folded |= defined | assigned
+            if "helper" in tags:
+                seen_helper_code |= defined | {n for n in assigned if n.isupper()}
+            continue
+        hidden = (_reads(tree) & seen_folded) - seen_lesson - seen_helper_code - defined - assigned
+        found += [f"{path.stem}: cell {i} reads {name!r}, which only folded cells define" for name in sorted(hidden)]
+        seen_lesson |= defined | assigned
+    return found
+
+
+@pytest.mark.parametrize("md", MD, ids=lambda p: p.stem)
+def test_a_lesson_reads_no_name_that_only_folded_cells_define(md):
+    found = folded_only_reads(md)
+    assert not found, "\n".join(found[:20])
