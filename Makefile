@@ -94,10 +94,12 @@ test-latest:
 	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -r $(LATEST)/requirements-unpinned.txt
 	$(LATEST)/bin/python tests/latest.py $(ARGS)
 
-# The notebooks' copies of course/*.py first (tools/course_cells.py), then the pairs.
+# The notebooks' copies of course/*.py first (tools/course_cells.py), then the pairs, then the
+# folds' metadata that jupytext does not carry over from the .md (tools/execute.py --fold).
 sync: $(STAMP)
 	$(BIN)/python tools/course_cells.py
 	$(BIN)/jupytext --sync md/*.md
+	$(BIN)/python tools/execute.py --fold
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
