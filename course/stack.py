@@ -16,7 +16,7 @@ JAX_PIN = "0.12.0.1"  # with Python >= 3.12, as on Colab and Kaggle today
 PINS = {  # requirements.txt's pins for what notebooks import (tests/test_course.py keeps them equal)
     "flax": "0.12.12", "optax": "0.2.8", "grain": "0.2.18", "orbax-checkpoint": "0.12.8",
     "tiktoken": "0.14.0", "matplotlib": "3.11.2", "tqdm": "4.70.1", "xprof": "2.24.2",
-    "rich": "15.0.0",
+    "rich": "15.0.0", "qwix": "0.1.8",
 }
 ON_COLAB_OR_KAGGLE = "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ
 HAS_TPU = bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
