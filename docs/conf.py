@@ -116,6 +116,9 @@ ONE_LINERS = {
     "09_mixture_of_experts": "A sparse MiniGPT: top-2 routing with capacity and a balancing loss, "
     "expert parallelism with `all_to_all` in `shard_map` checked against a dense reference, and "
     "what EP costs per device.",
+    "10_finetuning": "LoRA and QLoRA written by hand in Flax NNX and checked against Qwix: only "
+    "the adapters train, the base stays bit for bit, merging serves at no extra cost; int8 weights "
+    "with their error bound; the collectives and memory of a full, a LoRA and a QLoRA sharded step.",
 }
 
 
