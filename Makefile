@@ -14,16 +14,19 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NB     ?=
 
-.PHONY: help run test test-1 test-devices test-latest lint sync data clean docs bench constraints
+.PHONY: help run test test-1 test-2 test-presets test-accelerator test-devices test-latest lint sync data clean docs bench constraints
 
 # Tests run with no network: in a network namespace with loopback only where the kernel
 # allows one, and always with proxy variables at a closed port (tools/offline.py).
 OFFLINE := $(BIN)/python tools/offline.py --no-network --
 
 help:
-	@echo "make run           execute every notebook in place (NB=01_minigpt for one)"
+	@echo "make run           execute every notebook in place (NB=01_minigpt for one; ACCELERATOR=1 on the attached GPU/TPU)"
 	@echo "make test          the whole test suite: notebooks under nbval on 8 CPU devices, pairs, hygiene, lint"
 	@echo "make test-1        every notebook under nbval on 1 emulated device (the Colab CPU case; CI runs it)"
+	@echo "make test-2        every notebook on 2 emulated devices: the (data, model) = (1, 2) mesh (CI runs it)"
+	@echo "make test-presets  the readers' GPU/TPU presets (shapes, dtypes, schedules) for a few steps on this CPU (CI runs it)"
+	@echo "make test-accelerator  every notebook on the attached GPU/TPU, every check asserting, one line each"
 	@echo "make test-devices  execute every notebook at 1, 2 and 4 emulated devices"
 	@echo "make test-latest   every notebook under nbval with the newest release of every requirement (.venv-latest)"
 	@echo "make sync          write the notebooks' copies of course/*.py, then pair md/ and notebooks/ (newest side wins)"
@@ -48,7 +51,7 @@ data: $(STAMP)
 	$(BIN)/python tools/offline.py
 
 run: $(STAMP)
-	$(BIN)/python tools/execute.py $(NB)
+	$(if $(filter 1,$(ACCELERATOR)),COURSE_ACCELERATOR=1) $(BIN)/python tools/execute.py $(NB)
 
 # pytest exits 5 when it collected no test: an ARGS that selects nothing is a mistake, not a pass.
 test: $(STAMP)
@@ -61,6 +64,20 @@ test: $(STAMP)
 test-1: $(STAMP)
 	@CPU_DEVICES=1 COURSE_TPU_COMPILE=0 $(OFFLINE) $(BIN)/python -m pytest notebooks $(if $(NB),-k $(NB)); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-1: FAILED: pytest collected no tests"; fi; exit $$rc
+
+# The (data, model) = (1, 2) mesh: what a reader with two GPUs (Kaggle's 2 x T4) or a two-device
+# host gets, and the one layout that neither 8 nor 1 device covers.
+test-2: $(STAMP)
+	@CPU_DEVICES=2 COURSE_TPU_COMPILE=0 $(OFFLINE) $(BIN)/python -m pytest notebooks $(if $(NB),-k $(NB)); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-2: FAILED: pytest collected no tests"; fi; exit $$rc
+
+# Each notebook's GPU/TPU presets on this CPU, caps in tools/run_notebooks.py (PRESET_RUNS).
+test-presets: $(STAMP)
+	@$(OFFLINE) $(BIN)/python tools/run_notebooks.py presets $(NB)
+
+# On a GPU/TPU machine: every notebook on the accelerator, outputs not compared.
+test-accelerator: $(STAMP)
+	@$(BIN)/python tools/run_notebooks.py accelerator $(NB)
 
 test-devices: $(STAMP)
 	for n in 1 2 4; do CPU_DEVICES=$$n COURSE_TPU_COMPILE=0 $(OFFLINE) $(BIN)/python -m pytest notebooks $(if $(NB),-k $(NB)) || exit 1; done
@@ -77,10 +94,12 @@ test-latest:
 	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -r $(LATEST)/requirements-unpinned.txt
 	$(LATEST)/bin/python tests/latest.py $(ARGS)
 
-# The notebooks' copies of course/*.py first (tools/course_cells.py), then the pairs.
+# The notebooks' copies of course/*.py first (tools/course_cells.py), then the pairs, then the
+# folds' metadata that jupytext does not carry over from the .md (tools/execute.py --fold).
 sync: $(STAMP)
 	$(BIN)/python tools/course_cells.py
 	$(BIN)/jupytext --sync md/*.md
+	$(BIN)/python tools/execute.py --fold
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -69,13 +69,14 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict) -> tuple[Path, Path]:
-    """bench/results/latest.{json,md}, plus a dated copy of each."""
+def write(results: dict, dated: bool = False) -> tuple[Path, Path]:
+    """bench/results/latest.{json,md} (rewritten after every section), plus a dated copy of each
+    at the end."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     tag = f"{stamp}-{results['machine']['backend']}"
     text, blob = markdown(results), json.dumps(results, indent=2, default=str)
-    for name in ("latest", tag):
+    for name in ("latest", tag) if dated else ("latest",):
         (RESULTS / f"{name}.md").write_text(text)
         (RESULTS / f"{name}.json").write_text(blob)
     return RESULTS / "latest.md", RESULTS / "latest.json"

@@ -1,35 +1,37 @@
 """01's train step compiled for a Kaggle TPU v5e-8 that is not attached: compiler estimates.
 
 libtpu (installed with `jax[tpu]`) holds the TPU compiler and compiles for a TPU topology on any
-Linux machine (CONTRIBUTING.md, "Compiling for a TPU that is not attached"). The step is
-notebook 01's own (`lib.compile_step`: its `train_step` lowered from abstract shapes on a mesh
-of the v5e-8's devices, nothing runs). From the compiled program: memory per chip
-(`lib.step_memory` of `memory_analysis()`), FLOPs and bytes accessed (`cost_analysis()`, per
-chip), and the roofline time max(FLOPs / peak, bytes / HBM bandwidth) with the v5e data sheet's
-figures; the compiler's own `optimal_seconds` is negative for these v5e programs, so it is not
-used. MFU implied = the model's FLOPs (6 N + 12 L D T per token, as the measured rows count
-them) / roofline time / the 8 chips' peak. Every number is a TPU compiler estimate, not a
-measurement.
+Linux machine (course/tpu.py). The step is notebook 01's own (`lib.train_step` lowered from
+`lib.abstract_model`'s shapes on a mesh of the v5e-8's devices; nothing runs). From the compiled
+program: memory per chip (course/hlo.py's memory_bytes), FLOPs and bytes accessed per chip
+(`cost_analysis()`: 01's layers are a Python loop, so every layer is counted), and the roofline
+time max(FLOPs / peak, bytes / HBM bandwidth) with the v5e data sheet's figures. MFU implied =
+the step's matmul FLOPs (course/flops.py, as the measured rows count them) / roofline time /
+the 8 chips' peak. Every number is a TPU compiler estimate, not a measurement.
 
-Where libtpu is missing, or a compile fails (a step that does not fit fails with
-RESOURCE_EXHAUSTED), the row says so and the benchmark carries on.
+Fails closed: the compile must run (course/tpu.py's tpu_devices raises with the cause under
+COURSE_TPU_COMPILE=1, which `make bench` sets); a step "does not fit" only where the compiler
+said RESOURCE_EXHAUSTED; and the run fails when 01's shipped v5e-8 preset does not fit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from bench.minigpt import CheckFailed, check, model_flops_per_token, seed_config
+from bench.minigpt import CheckFailed, check, seed_config
+from course.flops import matmul_flops
+from course.tpu import TPU_CHIPS, compile_or_oom, tpu_devices
 
 LABEL = "TPU compiler estimate, not a measurement"
 TARGET = "Kaggle v5e-8"
-TOPOLOGY, CHIPS_PER_HOST = "v5e:2x4", (2, 4, 1)  # one host with 8 chips
-# TPU v5e data sheet (cloud.google.com/tpu/docs/v5e), per chip; the compiler's HBM limit.
-V5E = {"bf16_flops": 197e12, "hbm_bytes_per_s": 819e9, "hbm_bytes": 15.75 * 2**30}
+V5E = TPU_CHIPS["TPU v5 lite"]
+HBM_BYTES = V5E["hbm_gib"] * 2**30
 
 # 01_minigpt's v5e-8 preset before issue 25: the seed tutorial's model (D=256, N=8, F=1024, L=8,
 # T=256, V=50,304 padded), 32 sequences per chip on a 4 x 2 ('data', 'model') mesh, bfloat16
@@ -41,6 +43,7 @@ BEFORE = {"global_batch": 256, "seq_len": 256, "d_model": 256, "n_heads": 8, "d_
 AFTER = {"global_batch": 256, "seq_len": 256, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "n_layers": 8,
          "vocab_size": 50_304, "compute_dtype": "bfloat16", "model_parallel": 1, "loss": "chunked",
          "loss_chunks": 4}
+SHIPPED = "01 v5e-8 preset, after"
 
 
 # Where 01's loss is chunked (issue 25: no [B, T, V] logits at once), its value and gradients are
@@ -80,22 +83,6 @@ def chunked_loss_matches(lib, cfg) -> float:
     return gap
 
 
-def tpu_devices():
-    """(devices, None) of a v5e-8 to compile for, or (None, why not)."""
-    if jax.default_backend() != "tpu":  # no TPU here: libtpu must not look for a TPU VM's metadata
-        for key, value in {"TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
-                           "TPU_ACCELERATOR_TYPE": "v5litepod-8"}.items():
-            os.environ.setdefault(key, value)
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # other processes may hold libtpu
-    try:
-        from jax.experimental import topologies
-
-        return topologies.get_topology_desc(topology_name=TOPOLOGY, platform="tpu",
-                                            chips_per_host_bounds=CHIPS_PER_HOST).devices, None
-    except Exception as e:  # noqa: BLE001 - no libtpu (a GPU runtime, macOS): say so, carry on
-        return None, f"cannot compile for a {TARGET} here ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
-
-
 def configs(lib) -> dict:
     """label -> 01's Config for each row (the preset before, the seed's architecture, the preset
     after), or a string saying why that row has none."""
@@ -127,34 +114,32 @@ def shape(cfg) -> str:
 
 
 def estimate(lib, cfg, devices) -> dict:
-    """Compile 01's train step for `cfg` on the v5e-8 `devices`; the compiler's estimates."""
+    """Compile 01's train step for `cfg` on the v5e-8 `devices`; the compiler's estimates, or
+    fits=False and the bytes it said it needs where it ran out of memory."""
     mesh = lib.make_mesh(cfg, devices)
+    model, optimizer = lib.abstract_model(cfg, mesh)
+    batch = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len + 1), jnp.int32,
+                                 sharding=NamedSharding(mesh, P("data", None)))
     start = time.perf_counter()
-    compiled = lib.compile_step(cfg, mesh)
+    with jax.set_mesh(mesh):
+        compiled, gib = compile_or_oom(lib.train_step.lower(model, optimizer, batch))
+        model_flops = matmul_flops(lib.train_step, model, optimizer, batch)
     compile_s = time.perf_counter() - start
-    mem = compiled.memory_analysis()
+    common = {"shape": shape(cfg), "mesh": dict(mesh.shape), "device_kind": devices[0].device_kind,
+              "compile_s": compile_s, "bytes_per_chip": gib * 2**30, "model_flops_per_step": model_flops}
+    if compiled is None:
+        return {**common, "fits": False}
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list | tuple) else cost
     flops, nbytes = float(cost["flops"]), float(cost["bytes accessed"])  # per chip
     compute_s, memory_s = flops / V5E["bf16_flops"], nbytes / V5E["hbm_bytes_per_s"]
     roofline_s = max(compute_s, memory_s)
-    model, _ = lib.abstract_model(cfg, mesh)
-    per_token, n_params = model_flops_per_token(model, cfg)
-    n_chips = mesh.devices.size
-    model_flops = per_token * cfg.global_batch * cfg.seq_len
-    step_bytes = lib.step_memory(mem)
     return {
-        "shape": shape(cfg), "mesh": dict(mesh.shape), "device_kind": devices[0].device_kind,
-        "compile_s": compile_s, "bytes_per_chip": step_bytes, "fits": step_bytes <= V5E["hbm_bytes"],
-        "margin": 1 - step_bytes / V5E["hbm_bytes"],
+        **common, "fits": gib * 2**30 <= HBM_BYTES, "margin": 1 - gib * 2**30 / HBM_BYTES,
         "flops_per_chip": flops, "bytes_accessed_per_chip": nbytes,
         "compute_s": compute_s, "memory_s": memory_s, "roofline_s": roofline_s,
         "bound": "memory" if memory_s > compute_s else "compute",
-        "model_flops_per_step": model_flops, "non_embedding_params": n_params,
-        "mfu": model_flops / roofline_s / (n_chips * V5E["bf16_flops"]),
-        "hfu": flops / roofline_s / V5E["bf16_flops"],  # the compiled FLOPs' share of the roofline
+        "mfu": model_flops / roofline_s / (mesh.devices.size * V5E["bf16_flops"]),
         "tokens_per_s": cfg.global_batch * cfg.seq_len / roofline_s,
-        "optimal_seconds": float(cost.get("optimal_seconds", float("nan"))),
     }
 
 
@@ -163,40 +148,46 @@ def row(label: str, cfg, est: dict | None, why: str | None) -> dict:
     mesh = "x".join(str(n) for n in est["mesh"].values()) if est else "?"
     note = f"; {est['note']}" if est and est.get("note") else ""
     config = f"{label}: {shape(cfg)}, {TARGET}, mesh {mesh}{note}"
+    benchmark = f"train step compiled for a {TARGET} ({LABEL})"
     if est is None:
-        return {"benchmark": f"train step compiled for a {TARGET}", "config": config, "result": f"not compiled: {why}"}
+        return {"benchmark": benchmark, "config": config, "result": f"not compiled: {why}"}
+    if "roofline_s" not in est:
+        return {"benchmark": benchmark, "config": config, "compile_s": est["compile_s"],
+                "result": f"DOES NOT FIT: the compiler needs {est['bytes_per_chip'] / 2**30:.2f} GiB per chip "
+                f"of {V5E['hbm_gib']}"}
     fit = f"fits, {100 * est['margin']:.0f}% margin" if est["fits"] else "DOES NOT FIT"
     return {
-        "benchmark": f"train step compiled for a {TARGET} ({LABEL})",
-        "config": config,
-        "result": f"{est['bytes_per_chip'] / 2**30:.2f} GiB per chip of 15.75 ({fit}); "
+        "benchmark": benchmark, "config": config, "compile_s": est["compile_s"],
+        "result": f"{est['bytes_per_chip'] / 2**30:.2f} GiB per chip of {V5E['hbm_gib']} ({fit}); "
         f"{est['flops_per_chip'] / 1e12:.2f} TFLOP and {est['bytes_accessed_per_chip'] / 1e9:.1f} GB accessed "
         f"per chip; roofline {est['roofline_s'] * 1e3:.1f} ms ({est['bound']}-bound: compute "
         f"{est['compute_s'] * 1e3:.1f} ms, memory {est['memory_s'] * 1e3:.1f} ms); MFU implied "
-        f"{100 * est['mfu']:.1f}% (6NT: {est['model_flops_per_step'] / 1e12:.2f} TFLOP/step), HFU "
-        f"{100 * est['hfu']:.1f}%; {est['tokens_per_s']:,.0f} tokens/s",
-        "compile_s": est["compile_s"],
+        f"{100 * est['mfu']:.1f}% ({est['model_flops_per_step'] / 1e12:.2f} TFLOP/step of matmuls); "
+        f"{est['tokens_per_s']:,.0f} tokens/s",
     }
 
 
-def rows(lib, selected: dict | None = None) -> tuple[list[dict], dict]:
-    """Every configuration's row and estimates; a failed compile becomes a row that says so."""
+def rows(lib, selected: dict | None = None) -> tuple[list[dict], dict, dict]:
+    """Every configuration's row and estimates, and the checks that failed: a wrong chunked
+    loss, or 01's shipped preset not fitting. A compile that fails for another reason than
+    memory raises (the section fails)."""
     selected = configs(lib) if selected is None else selected
-    devices, why = tpu_devices()
-    out_rows, details = [], {}
-    failed = {}
+    devices = tpu_devices(TARGET)
+    out_rows, details, failed = [], {}, {}
     for label, cfg in selected.items():
-        est, reason = None, why if not isinstance(cfg, str) else cfg
-        if devices is not None and not isinstance(cfg, str):
+        est, reason = None, "COURSE_TPU_COMPILE=0" if devices is None else None
+        if isinstance(cfg, str):
+            reason = failed[label] = cfg
+        elif devices is not None:
             try:
                 checked = (f"its loss equals the plain loss on CPU (values and gradients within "
                            f"{chunked_loss_matches(lib, cfg):.0e})" if getattr(cfg, "loss", "plain") != "plain" else "")
                 est = estimate(lib, cfg, devices)
-                est["note"] = "; ".join(x for x in (checked, preset_note(lib, cfg, devices) if "after" in label else "") if x)
+                est["note"] = "; ".join(x for x in (checked, preset_note(lib, cfg, devices) if label == SHIPPED else "") if x)
+                if label == SHIPPED and not est["fits"]:
+                    failed[label] = f"01's shipped v5e-8 preset does not fit ({est['bytes_per_chip'] / 2**30:.2f} GiB per chip)"
             except CheckFailed as e:  # a wrong loss: the row must not count, and the run fails
                 reason = failed[label] = f"check failed: {e}"
-            except Exception as e:  # noqa: BLE001 - e.g. RESOURCE_EXHAUSTED: the step does not fit
-                reason = f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
         details[label] = est if est is not None else {"error": reason}
         out_rows.append(row(label, cfg, est, reason))
     return out_rows, details, failed
@@ -206,16 +197,17 @@ def largest_batch(lib, cfg, devices, stride: int = 64, hi: int = 2048) -> dict:
     """The largest global batch (a multiple of `stride`, 8 sequences per chip) at which `cfg`'s step,
     compiled for `devices`, fits and keeps the preset's FLOPs per sequence: near the memory limit the
     TPU compiler may recompute activations on its own (more FLOPs per sequence), which is a different
-    step. Found by bisection, compiling each candidate; a compile that fails counts as not fitting."""
+    step. Found by bisection, compiling each candidate; only the compiler's out-of-memory counts as
+    not fitting."""
     base = estimate(lib, cfg, devices)
+    check(base["fits"], f"the preset itself (B={cfg.global_batch}) does not fit")
     per_seq = base["flops_per_chip"] / cfg.global_batch
     tried = {}
 
     def ok(batch: int) -> bool:
-        try:
-            est = estimate(lib, dataclasses.replace(cfg, global_batch=batch), devices)
-        except Exception as e:  # noqa: BLE001 - RESOURCE_EXHAUSTED: it does not fit
-            tried[batch] = f"compile failed ({type(e).__name__})"
+        est = estimate(lib, dataclasses.replace(cfg, global_batch=batch), devices)
+        if "roofline_s" not in est:
+            tried[batch] = f"out of memory ({est['bytes_per_chip'] / 2**30:.2f} GiB needed)"
             return False
         recomputes = est["flops_per_chip"] / batch > 1.02 * per_seq
         tried[batch] = (f"{est['bytes_per_chip'] / 2**30:.2f} GiB, "
@@ -223,7 +215,6 @@ def largest_batch(lib, cfg, devices, stride: int = 64, hi: int = 2048) -> dict:
         return est["fits"] and not recomputes
 
     lo = cfg.global_batch  # fits: the preset's own row
-    check(base["fits"], f"the preset itself (B={lo}) does not fit")
     while lo < hi and ok(2 * lo):  # double, then bisect
         lo *= 2
     high = min(2 * lo, hi)
@@ -235,12 +226,12 @@ def largest_batch(lib, cfg, devices, stride: int = 64, hi: int = 2048) -> dict:
 
 def largest_batch_row(lib) -> tuple[dict, dict]:
     """The bench row: the largest batch 01's v5e-8 preset could use, found by compiling."""
-    devices, why = tpu_devices()
-    cfg = configs(lib)["01 v5e-8 preset, after"]
+    devices = tpu_devices(TARGET)
+    cfg = configs(lib)[SHIPPED]
     config = f"01 v5e-8 preset ({shape(cfg)}), {TARGET}, batch in multiples of 64"
     if devices is None or isinstance(cfg, str):
         return {"benchmark": "largest batch that fits, by compiling", "config": config,
-                "result": f"not compiled: {why or cfg}"}, {}
+                "result": f"not compiled: {'COURSE_TPU_COMPILE=0' if devices is None else cfg}"}, {}
     found = largest_batch(lib, cfg, devices)
     tried = "; ".join(f"B={b}: {t}" for b, t in found["tried"].items())
     return {"benchmark": f"largest batch that fits a {TARGET}, by compiling ({LABEL})", "config": config,

@@ -11,6 +11,7 @@ fails when a copy differs. The tests and `make bench` import the modules directl
 - tpu.py: compile for a TPU that is not attached; "does it fit" = the compiler ran out of memory
 - flops.py: a step's matmul FLOPs, the same on every backend, and the devices' peaks
 - checks.py: error demonstrations that name their error; tolerances derived per number format
+- figures.py: column-, row-parallel and MLP matmuls drawn per device, with their collectives
 
 `python tools/course_cells.py --list` says which notebook uses which.
 """

@@ -488,3 +488,26 @@ def test_the_module_list_in_course_init_is_complete():
     assert json.loads("[]") == []  # keeps json imported for the ipynb readers above
     assert subprocess.run([sys.executable, str(ROOT / "tools" / "course_cells.py"), "--list"],
                           capture_output=True, text=True).returncode == 0
+
+
+# --- figures -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("devices", [1, 2, 4])
+def test_the_parallel_matmul_figure_draws_the_collectives_it_names(devices, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from course import figures
+
+    assert figures.parallel_matmul_collectives("column") == {"forward": ["all-gather"], "backward": ["all-reduce"]}
+    assert figures.parallel_matmul_collectives("column", gather=False)["forward"] == []
+    assert figures.parallel_matmul_collectives("row") == {"forward": ["all-reduce"], "backward": []}
+    assert figures.parallel_matmul_collectives("mlp") == {"forward": ["all-reduce"], "backward": ["all-reduce"]}
+    fig, drawn = figures.parallel_matmuls_figure(figures.KINDS, devices=devices, backward=True)
+    assert drawn == [figures.parallel_matmul_collectives(k) for k in figures.KINDS]
+    texts = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+    assert "all-reduce" in texts and "all-gather" in texts
+    fig.savefig(tmp_path / "f.png")
+    with pytest.raises(ValueError, match="choose one of"):
+        figures.parallel_matmul_collectives("diagonal")
+    assert "import jax" not in (ROOT / "course" / "figures.py").read_text()

@@ -60,6 +60,23 @@ def test_a_raises_exception_cell_that_stops_raising_fails_under_nbval(scratch):
     assert "Cell 0 is tagged raises-exception but raised nothing" in out.stdout, out.stdout[-3000:]
 
 
+def test_every_spelling_of_raises_exception_must_raise_and_a_timeout_is_not_an_error(scratch):
+    """nbval honours the marker on any comment line (after a Colab title too) and the tag
+    nbval-raises-exception; the hook reads nbval's own option, so each must raise. A cell that
+    hangs until nbval's timeout raised KeyboardInterrupt, not its error: that fails too."""
+    nb = write_notebook(
+        scratch / "spellings.ipynb",
+        code_cell("# @title shows an error\n# NBVAL_RAISES_EXCEPTION\nprint('stopped raising')"),
+        code_cell("print('stopped raising too')", "nbval-raises-exception"),
+        code_cell("import time\ntime.sleep(60)", "raises-exception"),
+    )
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "--nbval-cell-timeout=5",
+                          str(nb.relative_to(ROOT))], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:]
+    assert out.stdout.count("raised nothing") >= 2, out.stdout[-3000:]
+    assert "but timed out" in out.stdout, out.stdout[-3000:]
+
+
 def test_a_committed_raises_exception_cell_without_an_error_output_fails(tmp_path, monkeypatch):
     import test_notebooks
 

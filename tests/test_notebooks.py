@@ -199,3 +199,14 @@ def folded_only_reads(path) -> list[str]:
 def test_a_lesson_reads_no_name_that_only_folded_cells_define(md):
     found = folded_only_reads(md)
     assert not found, "\n".join(found[:20])
+
+
+@pytest.mark.parametrize("ipynb", IPYNB, ids=lambda p: p.stem)
+def test_every_check_and_helper_cell_is_folded(ipynb):
+    """Where the .ipynb is opened (Colab, Kaggle, JupyterLab) a check or helper is folded: its
+    metadata says so (tools/execute.py writes it; a `jupytext --sync` alone drops it)."""
+    for i, cell in enumerate(json.loads(ipynb.read_text())["cells"]):
+        meta = cell.get("metadata", {})
+        if cell["cell_type"] == "code" and {"check", "helper"} & set(meta.get("tags", [])):
+            assert meta.get("jupyter", {}).get("source_hidden") and meta.get("_kg_hide-input"), (
+                f"{ipynb.stem}: code cell {i} is not folded: `make sync` (or tools/execute.py --fold)")

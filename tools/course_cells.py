@@ -52,7 +52,9 @@ def copy_of(name: str) -> str:
     if tree.body and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
         doc = "\n".join(f"# {line}".rstrip() for line in ast.get_docstring(tree).splitlines())
         lines = lines[tree.body[0].end_lineno:]
-    code = COURSE_IMPORT.sub("", "\n".join(lines) + "\n").strip("\n")
+    code = "\n".join(lines) + "\n"
+    code = re.sub(r"\n\n(?:from course(?:\.\w+)? import [^\n]*\n)+\n", "\n\n", code)  # a group of its own
+    code = COURSE_IMPORT.sub("", code).strip("\n")
     code = re.sub(r"\n{3,}(?=(import|from) )", "\n\n", code)
     return "\n".join([BEGIN.format(name), doc, "", code, END.format(name)]) if doc else \
         "\n".join([BEGIN.format(name), code, END.format(name)])

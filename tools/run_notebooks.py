@@ -1,0 +1,86 @@
+"""Run notebooks under nbval in a given setting, one line each: `make test-presets` and
+`make test-accelerator`. Outputs are not compared (conftest.py): every cell runs and every
+check asserts.
+
+    python tools/run_notebooks.py presets [NAME ...]      the readers' accelerator presets, on this CPU
+    python tools/run_notebooks.py accelerator [NAME ...]  every notebook on the attached GPU/TPU
+
+presets: each notebook with a hardware preset of its own runs with COURSE_PRESET=gpu or tpu
+(stack.preset_name() picks it instead of the backend's), so the shapes, dtypes, optimizer and
+schedule a Kaggle or Colab reader gets first run here, not on the reader's machine; steps and
+batch are capped (COURSE_MAX_STEPS, COURSE_MAX_BATCH) to fit CI. PRESET_RUNS below says what
+each run covers.
+
+accelerator: COURSE_ACCELERATOR=1 keeps JAX on the GPU/TPU (no JAX_PLATFORMS=cpu); the TPU
+compiles run where libtpu is installed and are skipped, saying so, where it is not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import offline  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (notebook, preset, the caps and device count of its CPU run). A preset that equals another
+# one of the same notebook runs once.
+PRESET_RUNS = [
+    ("01_minigpt", "gpu", {"COURSE_MAX_STEPS": "30", "COURSE_MAX_BATCH": "16", "CPU_DEVICES": "8"}),
+    ("01_minigpt", "tpu", {"COURSE_MAX_STEPS": "12", "COURSE_MAX_BATCH": "16", "CPU_DEVICES": "8"}),
+    ("03_tensor_parallel_transformer", "tpu", {"COURSE_MAX_STEPS": "30", "COURSE_MAX_BATCH": "16", "CPU_DEVICES": "8"}),
+    ("04_profiling", "gpu", {"COURSE_MAX_STEPS": "10", "COURSE_MAX_BATCH": "16", "CPU_DEVICES": "8"}),
+    ("09_mixture_of_experts", "tpu", {"COURSE_MAX_STEPS": "60", "COURSE_MAX_BATCH": "64", "CPU_DEVICES": "8"}),
+]
+
+
+def run(name: str, env: dict[str, str], label: str) -> bool:
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    if not path.exists():
+        raise SystemExit(f"run_notebooks: no notebook {path.relative_to(ROOT)}")
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path.relative_to(ROOT))],
+                            cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+    passed = result.returncode == 0 and " passed" in last
+    print(f"{'PASS' if passed else 'FAIL'}  {name:<34s} {label:<40s} {seconds:6.0f} s  {last}", flush=True)
+    if not passed:
+        print(result.stdout[-4000:], result.stderr[-2000:], sep="\n", flush=True)
+    return passed
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("presets", "accelerator"):
+        raise SystemExit(__doc__)
+    names = argv[1:]
+    results = []
+    if argv[0] == "presets":
+        for name, preset, caps in PRESET_RUNS:
+            if names and name not in names:
+                continue
+            env = {**caps, "COURSE_PRESET": preset, "COURSE_TPU_COMPILE": "0"}
+            env.update(offline.course_env({**os.environ, **env}))
+            results.append(run(name, env, f"{preset} preset, " + ", ".join(f"{k}={v}" for k, v in caps.items())))
+    else:
+        libtpu = importlib.util.find_spec("libtpu") is not None
+        env = {"COURSE_ACCELERATOR": "1", "COURSE_TPU_COMPILE": os.environ.get("COURSE_TPU_COMPILE", "1" if libtpu else "0")}
+        env.update(offline.course_env({**os.environ, **env}))
+        for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+            if not names or path.stem in names:
+                results.append(run(path.stem, env, f"on the attached accelerator (TPU compiles: "
+                                   f"{'on' if env['COURSE_TPU_COMPILE'] == '1' else 'off'})"))
+    if not results:
+        raise SystemExit(f"run_notebooks: nothing selected by {names}")
+    print(f"run_notebooks {argv[0]}: {sum(results)} of {len(results)} passed")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
