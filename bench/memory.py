@@ -1,15 +1,14 @@
-"""Activation checkpointing (remat) and gradient accumulation, measured on one small Transformer.
+"""Activation checkpointing (remat) and gradient accumulation, measured on notebook 06's own code.
 
-Notebook 06_memory's model, written again here (a benchmark cannot import a notebook): a
-pre-norm Transformer in pure JAX, batch split over a `data` mesh axis of every device,
-parameters replicated, Adam as a tree map. Two switches in its frozen config: `remat` (no
-`jax.checkpoint`, or `jax.checkpoint` with `nothing_saveable` on every block: store only the
-block's input, recompute the rest in the backward pass) and `micro` (K micro-batches per step,
-their gradients summed by a `jax.lax.scan`).
+The model, its `Config` (switches `remat`: a key of 06's POLICIES, and `micro`: K micro-batches
+whose gradients a `jax.lax.scan` sums), `loss_and_grads`, `start` and `make_step` are the cells
+of `md/06_memory.md` tagged `course-lib`, loaded by `bench/course.py`: a fix to 06 reaches the
+benchmark. The batch is split over a `data` mesh axis of every device, parameters replicated
+(ZeRO stage 0).
 
-Unlike 06, the layers are a Python loop, not a scan: `cost_analysis()` counts a loop body once
-whatever its trip count, so with a scan the step's FLOPs would hide the recomputation of all but
-one layer. Unrolled, the compiled step's FLOPs are the FLOPs it executes.
+06 runs its layers in a `jax.lax.scan`, whose body XLA's `cost_analysis()` counts once whatever
+the trip count; the FLOPs here are `course/flops.py`'s `matmul_flops` of the traced step (every
+layer, the recomputation remat asks for included).
 
 Every figure is checked before it counts (`CheckFailed`): remat and each K must give the loss
 and gradients of the plain step (so the same Adam update), within a float32 tolerance, and
@@ -29,8 +28,10 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from bench.course import load_course_lib
 from bench.measure import block as wait
 from bench.minigpt import check
+from course.flops import matmul_flops
 
 # |g - g0| <= GRAD_RTOL * max|g0|, per gradient tensor: the same math in another order (float32).
 # XLA:CPU agrees to ~1e-6; a GPU's or TPU's "highest"-precision matmuls are given 10x more room.
@@ -38,99 +39,26 @@ GRAD_RTOL = {"cpu": 1e-5}
 GRAD_RTOL_ACCELERATOR = 1e-4
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-    """06_memory's small model (its cfg0): V bytes, D, N heads of width H, F, L layers, T, B."""
-
-    V: int = 256
-    D: int = 64
-    N: int = 4
-    H: int = 16
-    F: int = 256
-    L: int = 4
-    T: int = 64
-    B: int = 32  # the global batch, split over `data`
-    remat: str = "none"  # "none" or "full" (jax.checkpoint, nothing_saveable, on every block)
-    micro: int = 1  # K micro-batches per step (gradient accumulation)
-    lr: float = 1e-3
-
-    def describe(self) -> str:
-        return f"V={self.V} D={self.D} N={self.N} H={self.H} F={self.F} L={self.L} T={self.T} B={self.B} float32"
+@functools.cache
+def lib():
+    """06_memory's `course-lib` cells, loaded once."""
+    return load_course_lib("06_memory")
 
 
-POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable}
+def Config(**fields):  # noqa: N802 - reads as the notebook's class
+    """06's Config (its cfg0's sizes unless given): V bytes, D, N heads of width H, F, L, T, B."""
+    return lib().Config(**fields)
 
 
-def init_params(key: jax.Array, c: Config) -> dict:
-    """Norm gains one; a matrix normal / sqrt(its input width); embeddings normal * 0.02."""
-    k = iter(jax.random.split(key, 3 + 4 * c.L))
-    normal = lambda shape, fan_in: jax.random.normal(next(k), shape) * fan_in**-0.5  # noqa: E731
-    layers = [{"norm1": jnp.ones(c.D), "qkv": normal((c.D, 3, c.N, c.H), c.D),
-               "out": normal((c.N, c.H, c.D), c.N * c.H), "norm2": jnp.ones(c.D),
-               "mlp_in": normal((c.D, c.F), c.D), "mlp_out": normal((c.F, c.D), c.F)} for _ in range(c.L)]
-    return {"embed": 0.02 * jax.random.normal(next(k), (c.V, c.D)),
-            "pos": 0.02 * jax.random.normal(next(k), (c.T, c.D)),
-            "norm_f": jnp.ones(c.D), "unembed": normal((c.D, c.V), c.D), "layers": layers}
-
-
-def rms_norm(x: jax.Array, gain: jax.Array) -> jax.Array:
-    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * gain
-
-
-def block(x: jax.Array, p: dict) -> jax.Array:
-    """One pre-norm Transformer block, x: [b, T, D] -> [b, T, D]."""
-    q, k, v = jnp.einsum("btd,dknh->kbtnh", rms_norm(x, p["norm1"]), p["qkv"])
-    a = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # [b, T, N, H]
-    x = x + jnp.einsum("btnh,nhd->btd", a, p["out"])
-    h = jnp.einsum("btd,df->btf", rms_norm(x, p["norm2"]), p["mlp_in"])
-    return x + jnp.einsum("btf,fd->btd", jax.nn.gelu(h), p["mlp_out"])
-
-
-def loss_fn(params: dict, batch: jax.Array, c: Config) -> jax.Array:
-    """Mean next-token cross-entropy of batch [b, T+1]."""
-    ids = batch[:, :-1]
-    x = params["embed"][ids] + params["pos"][: ids.shape[1]]
-    layer = block if c.remat == "none" else jax.checkpoint(block, policy=POLICIES[c.remat])
-    for p in params["layers"]:  # unrolled: cost_analysis counts every layer (see the docstring)
-        x = layer(x, p)
-    logits = jnp.einsum("btd,dv->btv", rms_norm(x, params["norm_f"]), params["unembed"])
-    return -jnp.take_along_axis(jax.nn.log_softmax(logits), batch[:, 1:, None], axis=-1).mean()
-
-
-def loss_and_grads(params: dict, batch: jax.Array, c: Config) -> tuple[jax.Array, dict]:
-    """K = c.micro micro-batches: rows k, k+K, ... (every device keeps its share of each), their
-    gradients summed by a scan, so only one micro-batch's activations are alive at a time."""
-    if c.micro == 1:
-        return jax.value_and_grad(loss_fn)(params, batch, c)
-    micro = batch.reshape(batch.shape[0] // c.micro, c.micro, -1).swapaxes(0, 1)  # [K, B/K, T+1]
-
-    def add(total, mb):
-        loss, grads = jax.value_and_grad(loss_fn)(params, mb, c)
-        return jax.tree.map(jnp.add, total, grads), loss
-
-    total, losses = jax.lax.scan(add, jax.tree.map(jnp.zeros_like, params), micro)
-    return losses.mean(), jax.tree.map(lambda t: t / c.micro, total)  # equal micro-batches
-
-
-def adam_update(params, grads, opt, lr, b1=0.9, b2=0.999, eps=1e-8):
-    count = opt["count"] + 1
-    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, opt["mu"], grads)
-    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, opt["nu"], grads)
-    step = lambda p, m, v: p - lr * (m / (1 - b1**count)) / (jnp.sqrt(v / (1 - b2**count)) + eps)  # noqa: E731
-    return jax.tree.map(step, params, mu, nu), {"mu": mu, "nu": nu, "count": count}
-
-
-def train_step(params, opt, batch, c: Config):
-    loss, grads = loss_and_grads(params, batch, c)
-    params, opt = adam_update(params, grads, opt, c.lr)
-    return params, opt, loss
+def describe(c) -> str:
+    return f"V={c.V} D={c.D} N={c.N} H={c.H} F={c.F} L={c.L} T={c.T} B={c.B} {c.compute}"
 
 
 class Bench:
     """The model's state and a batch on a `data` mesh of every device, and the compiled
     functions of any config of the same sizes."""
 
-    def __init__(self, c: Config, devices=None, seed: int = 0):
+    def __init__(self, c, devices=None, seed: int = 0):
         devices = list(jax.devices() if devices is None else devices)
         self.mesh = jax.make_mesh((len(devices),), ("data",), devices=devices,
                                   axis_types=(jax.sharding.AxisType.Auto,))
@@ -141,28 +69,27 @@ class Bench:
                 raise ValueError(f"B={c.B} must be a multiple of K x devices = {K} x {n} (K up to 4)")
         self.replicated = NamedSharding(self.mesh, P())
         self.rows = NamedSharding(self.mesh, P("data"))
-        key_p, key_b = jax.random.split(jax.random.key(seed))
-        self.params = jax.jit(init_params, static_argnums=1, out_shardings=self.replicated)(key_p, c)
-        zeros = jax.tree.map(jnp.zeros_like, self.params)
-        self.opt = {"mu": zeros, "nu": zeros, "count": jnp.zeros((), jnp.int32)}
+        self.params, self.opt = lib().start(c, self.mesh, seed)  # 06's initial state, stage 0: replicated
         # The token ids are random: memory, FLOPs and time do not depend on which ids they are.
-        self.batch = jax.device_put(jax.random.randint(key_b, (c.B, c.T + 1), 0, c.V, jnp.int32), self.rows)
+        key = jax.random.key(seed + 1)
+        self.batch = jax.device_put(jax.random.randint(key, (c.B, c.T + 1), 0, c.V, jnp.int32), self.rows)
 
     @functools.cache  # noqa: B019 - one Bench per run; the cache holds compiled programs
-    def grads_fn(self, c: Config):
-        """loss_and_grads of config c, compiled (the gradients come back replicated)."""
-        return jax.jit(functools.partial(loss_and_grads, c=c), in_shardings=(self.replicated, self.rows),
+    def grads_fn(self, c):
+        """06's loss_and_grads of config c, compiled (the gradients come back replicated)."""
+        return jax.jit(functools.partial(lib().loss_and_grads, c=c), in_shardings=(self.replicated, self.rows),
                        out_shardings=self.replicated).lower(self.params, self.batch).compile()
 
     @functools.cache  # noqa: B019
-    def step_fn(self, c: Config):
-        """The train step of config c, compiled, with params and Adam state donated."""
-        return jax.jit(functools.partial(train_step, c=c), donate_argnums=(0, 1),
-                       in_shardings=(self.replicated, self.replicated, self.rows),
-                       out_shardings=(self.replicated, self.replicated, self.replicated)
-                       ).lower(self.params, self.opt, self.batch).compile()
+    def step_fn(self, c):
+        """06's train step of config c (make_step: params and Adam state donated), compiled."""
+        return lib().make_step(c, self.mesh).lower(self.params, self.opt, self.batch).compile()
 
-    def same_as_plain(self, c: Config) -> float:
+    def step_flops(self, c) -> float:
+        """Matmul FLOPs of one train step of config c, all devices (every layer of the scan)."""
+        return matmul_flops(lib().make_step(c, self.mesh), self.params, self.opt, self.batch)
+
+    def same_as_plain(self, c) -> float:
         """Largest |gradient - plain step's gradient| over max|plain gradient|, per tensor; raises
         CheckFailed if it, or the loss, is outside the tolerance."""
         base = dataclasses.replace(c, remat="none", micro=1)
@@ -177,7 +104,7 @@ class Bench:
               f"{worst:.2e} of their largest value (tolerance {rtol:.0e})")
         return worst
 
-    def time_step(self, c: Config) -> Callable[[], float]:
+    def time_step(self, c) -> Callable[[], float]:
         """One call of c's train step on fresh copies of the state (the step donates them)."""
         step = self.step_fn(c)
 
@@ -191,20 +118,16 @@ class Bench:
         return run
 
 
-def flops(compiled) -> float:
-    cost = compiled.cost_analysis()
-    return float((cost[0] if isinstance(cost, list | tuple) else cost)["flops"])
-
-
-def remat(c: Config = Config(), repeats: int = 5, devices=None) -> dict:
-    """Full remat vs none on the same train step: FLOPs (cost_analysis of the compiled step,
-    per device), temporaries (memory_analysis), warm step time (medians of interleaved runs),
+def remat(c=None, repeats: int = 5, devices=None) -> dict:
+    """Full remat vs none on the same train step: FLOPs (matmul_flops of the traced step, all
+    devices), temporaries (memory_analysis), warm step time (medians of interleaved runs),
     and the gradients, checked equal first."""
+    c = c or Config()
     b = Bench(c, devices)
     with jax.default_matmul_precision("highest"):  # full float32 on every backend, for the check
         configs = {name: dataclasses.replace(c, remat=name) for name in ("none", "full")}
         gap = b.same_as_plain(configs["full"])
-        out = {"config": c.describe(), "devices": b.mesh.devices.size, "grad_max_rel_diff": gap,
+        out = {"config": describe(c), "devices": b.mesh.devices.size, "grad_max_rel_diff": gap,
                "grad_rtol": GRAD_RTOL.get(jax.devices()[0].platform, GRAD_RTOL_ACCELERATOR)}
         runs = {name: b.time_step(cfg) for name, cfg in configs.items()}
         for run in runs.values():  # warm up: the first call may allocate
@@ -215,7 +138,7 @@ def remat(c: Config = Config(), repeats: int = 5, devices=None) -> dict:
                 times[name].append(run())
     for name, cfg in configs.items():
         compiled = b.step_fn(cfg)
-        out[name] = {"flops": flops(compiled), "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
+        out[name] = {"flops": b.step_flops(cfg), "temp_bytes": compiled.memory_analysis().temp_size_in_bytes,
                      "step_s": statistics.median(times[name]), "step_s_runs": times[name]}
     out["flops_ratio"] = out["full"]["flops"] / out["none"]["flops"]
     out["time_ratio"] = out["full"]["step_s"] / out["none"]["step_s"]
@@ -226,11 +149,12 @@ def remat(c: Config = Config(), repeats: int = 5, devices=None) -> dict:
     return out
 
 
-def accumulation(c: Config = Config(), micro=(1, 2, 4), devices=None) -> dict:
+def accumulation(c=None, micro=(1, 2, 4), devices=None) -> dict:
     """Temporaries of the compiled train step at K micro-batches, each K checked to give the
     plain step's loss and gradients (so the same update) before its number counts."""
+    c = c or Config()
     b = Bench(c, devices)
-    out = {"config": c.describe(), "devices": b.mesh.devices.size, "K": {}}
+    out = {"config": describe(c), "devices": b.mesh.devices.size, "K": {}}
     with jax.default_matmul_precision("highest"):
         for K in micro:
             cfg = dataclasses.replace(c, micro=K)
