@@ -73,7 +73,7 @@ class Corpus:
 
     def __init__(self, lib, cfg):
         tokenizer = lib.gpt2_tokenizer()
-        text, self.source = lib.load_stories("train", max_chars=cfg.train_chars)  # as the notebook reads it
+        text, self.source = lib.load_stories("train", max_stories=cfg.train_stories)  # as the notebook reads it
         self.tokens = lib.tokenize_stories(text, tokenizer)
         self.tokenizer = tokenizer
         # What padding would cost: the seed pads (or cuts) every story to T=256 tokens.
@@ -116,18 +116,6 @@ def real_tokens(batch) -> int:
     """Non-padding target tokens in a [B, T+1] packed batch: the notebook packs stories with
     <|endoftext|> separators and never pads, so every one of the B*T targets is real text."""
     return int(batch.shape[0] * (batch.shape[1] - 1))
-
-
-def model_flops_per_token(model, cfg) -> tuple[float, int]:
-    """Training FLOPs per token of the model's math (the MFU numerator, PaLM's appendix B):
-    6 N for the matmuls of forward + backward, N = parameters outside the embedding tables
-    (a lookup costs no FLOPs), plus 12 L D T for attention's scores and weighted sum. Work a
-    device repeats (the model-axis replicas of small ops) is not counted: that is HFU's."""
-    params = nnx.state(model, nnx.Param)
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    n = sum(int(np.prod(x.shape)) for path, x in flat
-            if not any(str(getattr(k, "key", "")) in ("wte", "wpe") for k in path))
-    return 6 * n + 12 * cfg.n_layers * cfg.d_model * cfg.seq_len, n
 
 
 def train_step(lib, cfg, corpus, repeats: int, steps_per_repeat: int) -> dict:
@@ -257,21 +245,20 @@ def _seed_style_generator(model, max_new: int):
     return decode
 
 
-def cached_vs_full_logits(model, tokens: np.ndarray, prompt_len: int, n_new: int, cfg) -> float:
+def cached_vs_full_logits(lib, model, tokens: np.ndarray, prompt_len: int, n_new: int, cfg) -> float:
     """Largest |difference| between the logits the cache gives for each new token (prefill the
     prompt, then one token at a time at its position, as `generate` does) and those of one
-    full causal pass over the final sequence, relative to the largest |logit|."""
+    full causal pass over the final sequence, relative to the largest |logit|. The cache is the
+    notebook's (`empty_cache`, `forward_with_cache`)."""
 
     @nnx.jit(static_argnames=("prompt_len", "n_new"))
     def both(model, tokens, prompt_len, n_new):
         full = model(tokens[None])[0, prompt_len - 1 : prompt_len - 1 + n_new]  # [n_new, V]
-        cache = [(jnp.zeros((1, cfg.seq_len, cfg.n_heads, cfg.d_model // cfg.n_heads), cfg.dtype),) * 2
-                 for _ in range(cfg.n_layers)]
-        logits, cache = model(tokens[None, :prompt_len], cache, 0)
+        logits, cache = lib.forward_with_cache(model, tokens[None, :prompt_len], lib.empty_cache(cfg), 0)
         first = logits[0, -1]
 
         def step(cache, pos):
-            logits, cache = model(jax.lax.dynamic_slice(tokens, (pos,), (1,))[None], cache, pos)
+            logits, cache = lib.forward_with_cache(model, jax.lax.dynamic_slice(tokens, (pos,), (1,))[None], cache, pos)
             return cache, logits[0, 0]
 
         _, rest = jax.lax.scan(step, cache, prompt_len + jnp.arange(n_new - 1))
@@ -329,7 +316,7 @@ def generation(lib, cfg, corpus, max_new: int, repeats: int) -> dict:
         # Greedy sequences may then part at a near tie (two logits closer than the tolerance),
         # and only there: everything after follows from a different token.
         final = np.asarray(uncached.last)
-        rel = cached_vs_full_logits(model, final, len(prompt_ids), max_new, gcfg)
+        rel = cached_vs_full_logits(lib, model, final, len(prompt_ids), max_new, gcfg)
         rtol, fmt = logits_tolerance(gcfg)
         check(rel <= rtol, f"cached logits differ from full-recompute logits by {rel:.2e} of their scale "
               f"(tolerance {rtol:.1e} for {fmt})")
