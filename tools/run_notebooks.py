@@ -38,7 +38,9 @@ PRESET_RUNS = [
     # data parallelism, (8, 1) (code cell 11); its born-sharded check fails (cell 28); and a later
     # cell ran past nbval's 600 s. Env: COURSE_MAX_STEPS=2 COURSE_MAX_BATCH=8 CPU_DEVICES=8.
     ("03_tensor_parallel_transformer", "tpu", {"COURSE_MAX_STEPS": "30", "COURSE_MAX_BATCH": "16", "CPU_DEVICES": "8"}),
-    ("04_profiling", "gpu", {"COURSE_MAX_STEPS": "10", "COURSE_MAX_BATCH": "16", "CPU_DEVICES": "8"}),
+    # 04's GPU preset is left out too until it fits CI: on the shared machine (load ~9) its input-
+    # pipeline experiment (code cell 47, the two loaders at D=512, T=256) ran past nbval's 600 s,
+    # 26 min in all. Env: COURSE_MAX_STEPS=10 COURSE_MAX_BATCH=16 CPU_DEVICES=8.
     # 500 stories give 5 batches of 64 per pass: 12 steps go round the data twice (the H200's NaN)
     ("09_mixture_of_experts", "tpu", {"COURSE_MAX_STEPS": "12", "COURSE_MAX_STORIES": "500", "CPU_DEVICES": "8"}),
 ]
