@@ -73,10 +73,10 @@ def compile_or_oom(lowered):
     except jax.errors.JaxRuntimeError as e:
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
-        need = re.search(r"\(([\d.]+)G\) exceeds", str(e))
+        need = re.search(r"\(([\d.]+)([GT])\) exceeds", str(e))  # GiB, or TiB past 1,024 GiB
         if need is None:
             raise
-        return None, float(need[1])
+        return None, float(need[1]) * (1024 if need[2] == "T" else 1)
     return compiled, memory_bytes(compiled) / 2**30
 
 

@@ -419,6 +419,7 @@ def test_does_it_fit_means_the_compiler_ran_out_of_memory(tpu, monkeypatch):
     compiled, gib = tpu.compile_or_oom(lowered(1024))
     assert compiled is not None and 0.1 < gib < 1
     assert tpu.compile_or_oom(lowered(2 ** 17)) == (None, 16.0)  # 16 GiB of temporaries > 15.75
+    assert tpu.compile_or_oom(lowered(2 ** 26)) == (None, 8192.0)  # the compiler says "(8.00T)"
     for error in (TypeError("an API changed"), jax.errors.JaxRuntimeError("INTERNAL: the compiler crashed")):
         with pytest.raises(type(error)):
             tpu.compile_or_oom(_Lowered(error))
