@@ -179,3 +179,25 @@ def test_scrub_paths_replaces_the_machine_paths():
     execute.scrub_paths(nb)
     blob = json.dumps(nb.cells[0]["outputs"])
     assert str(ROOT) not in blob and "<course>/md/a.md" in blob and "~/x" in blob, blob
+
+
+def test_every_cap_names_a_notebook_that_reads_it():
+    """A cap in tools/run_notebooks.py that its notebook no longer reads (a renamed variable, a
+    notebook that stopped calling `capped`) would let `make test-1`, `test-2` and `test-presets`
+    run it at full length, or silently not at the length the caps promise."""
+    import run_notebooks
+
+    runs = list(run_notebooks.CAPS.items())
+    runs += [(name, caps) for name, _, caps, _ in run_notebooks.PRESET_RUNS]
+    for name, caps in runs:
+        source = (ROOT / "md" / f"{name}.md").read_text()
+        for variable in caps:
+            if variable == "CPU_DEVICES":
+                continue
+            assert f'"{variable}"' in source, f"{name} does not read {variable}"
+
+
+def test_run_notebooks_devices_needs_a_count():
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "devices"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "give the device count" in result.stderr
