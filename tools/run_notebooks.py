@@ -75,15 +75,22 @@ def run(name: str, env: dict[str, str], label: str) -> bool:
     path = ROOT / "notebooks" / f"{name}.ipynb"
     if not path.exists():
         raise SystemExit(f"run_notebooks: no notebook {path.relative_to(ROOT)}")
+    # pytest's output goes to a log as it runs (one cell per line, -v), so that a run stopped
+    # from outside (a time limit on a lent GPU) still shows how far each notebook got.
+    log = ROOT / ".cache" / "run_notebooks" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path.relative_to(ROOT))],
-                            cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    with log.open("w") as out:
+        returncode = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+                                     str(path.relative_to(ROOT))],
+                                    cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - start
-    last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
-    passed = result.returncode == 0 and " passed" in last
+    output = log.read_text()
+    last = (output.strip().splitlines() or ["(no output)"])[-1].strip("= ")
+    passed = returncode == 0 and " passed" in last
     print(f"{'PASS' if passed else 'FAIL'}  {name:<34s} {label:<40s} {seconds:6.0f} s  {last}", flush=True)
     if not passed:
-        print(result.stdout[-4000:], result.stderr[-2000:], sep="\n", flush=True)
+        print(output[-6000:], f"(all of it: {log.relative_to(ROOT)})", sep="\n", flush=True)
     return passed
 
 
