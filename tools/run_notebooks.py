@@ -1,6 +1,6 @@
 """Run notebooks under nbval in a given setting, one line each: `make test-1`, `make test-2`,
-`make test-presets` and `make test-accelerator`. Outputs are not compared (conftest.py): every cell runs and every
-check asserts.
+`make test-presets` and `make test-accelerator`. Outputs are not compared (conftest.py): every
+cell runs and every check asserts.
 
     python tools/run_notebooks.py devices N [NAME ...]    every notebook on N emulated CPU devices
     python tools/run_notebooks.py presets [NAME ...]      the readers' accelerator presets, on this CPU
