@@ -42,6 +42,8 @@ def _arguments(argv) -> argparse.Namespace:
     ap.add_argument("--no-nbval", action="store_true", help="skip each notebook's wall time under nbval")
     ap.add_argument("--nbval-only", metavar="NAMES", help="time only these notebooks (comma-separated) under nbval")
     ap.add_argument("--readme", action="store_true", help="also write the table into README.md's Performance section")
+    ap.add_argument("--only", nargs="+", metavar="SECTION", help="run only these sections (their names in "
+                    "bench/sections.py's plan, each quoted), and no notebook under nbval unless --nbval-only")
     ap.add_argument("--repeats", type=int, default=5, help="warm runs per measurement (median reported)")
     ap.add_argument("--notebook", default="01_minigpt", help="the notebook whose course-lib cells to load")
     return ap.parse_args(argv)

@@ -231,6 +231,38 @@ def tpu_largest_batch(b: Bench) -> None:
     b.results["details"]["tpu v5e-8 largest batch"] = found
 
 
+# --- 10's fine-tuning: full, LoRA, QLoRA -----------------------------------------------------
+
+def finetuning(b: Bench) -> None:
+    from bench import finetune
+
+    f = b.results["details"]["fine-tuning"] = finetune.measure(repeats=b.args.repeats)
+    full = f["methods"]["full"]
+    for method, m in f["methods"].items():
+        b.row("fine-tuning step (10's `make_step`)", f"{method}: 10's model, {f['config']}, mesh {f['mesh']}",
+              f"step {m['step_s'] * 1e3:,.1f} ms (x{m['step_s'] / full['step_s']:.2f} of full); compiled "
+              f"{m['memory_bytes'] / 2**20:.2f} MiB per device, of which arguments (weights, optimizer state, "
+              f"batch) {m['argument_bytes'] / 2**10:,.0f} KiB; collectives send {m['sent_bytes'] / 2**10:,.0f} KiB "
+              f"per device; {m['trained']:,} values trained; {len(m['losses'])} losses finite",
+              m["first_call_s"])
+
+
+def finetuning_tpu(b: Bench) -> None:
+    from bench import finetune
+
+    f = b.results["details"]["fine-tuning, v5e-8"] = finetune.largest()
+    for method, r in f.items():
+        fit, refused = r["largest"], r["refused"]
+        tried = "; ".join(f"D={d}: {t['gib']:.2f} GiB" for d, t in r["tried"].items())
+        b.row(f"largest model whose fine-tuning step fits a {finetune.TARGET}, by compiling "
+              "(TPU compiler estimate, not a measurement)",
+              f"{method}: 10's model ({finetune.lib().LAYERS} blocks, width D doubled), mesh 4x2, float32 "
+              "weights and Adam, 10's sharding rule",
+              f"D={fit['D']:,}: {fit['params'] / 1e9:.2f} B parameters, {fit['gib']:.2f} GiB per chip of "
+              f"{finetune.HBM_GIB}; D={refused['D']:,} ({refused['params'] / 1e9:.2f} B) refused: "
+              f"{refused['gib']:.2f} GiB needed; tried {tried}", fit["compile_s"])
+
+
 # --- the notebooks under nbval ----------------------------------------------------------------
 
 def notebooks(b: Bench) -> None:
@@ -273,7 +305,17 @@ def plan(args) -> list[tuple[str, object, tuple[str, ...]]]:
         ("input pipeline", input_pipeline, ("train",)),
         ("generation", generation, ("corpus",)),
         ("checkpoints", checkpoints, ("corpus",)),
+        ("fine-tuning (10)", finetuning, ()),
         ("TPU v5e-8 compile", tpu_compile, ("lib",)),  # last in-process work: libtpu loads here
         ("TPU v5e-8 largest batch", tpu_largest_batch, ("lib",)),
+        ("fine-tuning (10) compiled for a v5e-8", finetuning_tpu, ()),
     ]
-    return steps + ([] if args.no_nbval else [("notebooks under nbval", notebooks, ())])
+    if args.only:  # a subset by name (a section whose inputs are left out says it was skipped)
+        keep = set(args.only)
+        unknown = keep - {name for name, _, _ in steps}
+        if unknown:
+            raise SystemExit(f"bench: no section named {', '.join(sorted(unknown))}; the sections: "
+                             + ", ".join(name for name, _, _ in steps))
+        steps = [s for s in steps if s[0] in keep]
+    nbval = not args.no_nbval and (not args.only or args.nbval_only)
+    return steps + ([("notebooks under nbval", notebooks, ())] if nbval else [])

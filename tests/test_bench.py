@@ -238,3 +238,61 @@ def test_bench_minigpt_sections_run_and_check_at_a_tiny_size():
     assert train["model_flops_per_step"] > 0 and train["step_s"] > 0
     assert gen["tokens_agree"] == "8/8" and gen["logits_max_rel_diff"] <= gen["logits_rtol"] and gen["speedup"] > 0
     assert found["checkpoint"] == 2 and found["pipeline"] > 0
+
+
+# --- 10's fine-tuning rows (bench/finetune.py) -------------------------------------------------
+
+FINETUNE_PROBE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from bench import finetune
+from course.tpu import tpu_devices
+m = finetune.measure(repeats=1)
+devices = tpu_devices(finetune.TARGET)  # COURSE_TPU_COMPILE=1 (conftest): raises without libtpu
+ft = finetune.lib()
+tpu = {k: finetune.compile_for(ft, k, 256, devices) for k in ("full", "QLoRA")}
+print(json.dumps({"mesh": m["mesh"], "methods": m["methods"], "tpu": tpu, "D": ft.D}))
+"""
+
+
+def test_finetune_rows_run_10s_code_and_compile_it_for_a_v5e_8():
+    """bench/finetune.py on 10's own code: the three steps at its CPU preset, checked (finite
+    losses, arguments QLoRA < LoRA < full, LoRA sends less), and two of them compiled for the
+    v5e-8 at a small width through the code the real rows use."""
+    out = subprocess.run([sys.executable, "-c", FINETUNE_PROBE, str(ROOT)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    m, tpu = found["methods"], found["tpu"]
+    assert list(m) == ["full", "LoRA", "QLoRA"] and found["mesh"] == {"data": 4, "model": 2}, found
+    assert all(len(v["losses"]) == 2 and v["step_s"] > 0 for v in m.values()), m
+    assert m["LoRA"]["trained"] == m["QLoRA"]["trained"] < m["full"]["trained"] / 10, m
+    assert m["QLoRA"]["argument_bytes"] < m["LoRA"]["argument_bytes"] < m["full"]["argument_bytes"], m
+    assert found["D"] == 64, "compile_for must leave 10's width as it found it"
+    assert all(t["fits"] and t["D"] == 256 and 0 < t["gib"] < 1 for t in tpu.values()), tpu
+    assert tpu["QLoRA"]["gib"] < tpu["full"]["gib"] and tpu["QLoRA"]["params"] == tpu["full"]["params"], tpu
+
+
+def test_finetune_largest_width_fails_closed(monkeypatch):
+    """The ladder: up while a width fits, down while it does not; a width that fits must have its
+    double refused; LoRA must fit at least full fine-tuning's width and QLoRA at least LoRA's."""
+    from bench import finetune
+    from bench.minigpt import CheckFailed
+
+    def fake(limits):
+        def compile_for(ft, method, width, devices):
+            return {"D": width, "params": width, "gib": 1.0, "fits": width <= limits[method], "compile_s": 0}
+        return compile_for
+
+    starts = {"full": 8192, "LoRA": 16384, "QLoRA": 32768}
+    monkeypatch.setattr(finetune, "compile_for", fake({"full": 4096, "LoRA": 16384, "QLoRA": 131072}))
+    out = finetune.largest(ft=object(), start=starts, devices=[])
+    assert {k: (v["largest"]["D"], v["refused"]["D"]) for k, v in out.items()} == {
+        "full": (4096, 8192), "LoRA": (16384, 32768), "QLoRA": (131072, 262144)}, out
+    assert list(out["full"]["tried"]) == [4096, 8192] and len(out["QLoRA"]["tried"]) == 4, out
+    monkeypatch.setattr(finetune, "compile_for", fake({"full": 16384, "LoRA": 8192, "QLoRA": 131072}))
+    with pytest.raises(CheckFailed, match="LoRA should fit at least"):
+        finetune.largest(ft=object(), start=starts, devices=[])
+    monkeypatch.setattr(finetune, "compile_for", fake({"full": 512, "LoRA": 16384, "QLoRA": 131072}))
+    with pytest.raises(CheckFailed, match="full: no width from 1024 up fits"):
+        finetune.largest(ft=object(), start=starts, devices=[])
