@@ -39,13 +39,21 @@ HBM_GIB = TPU_CHIPS["TPU v5 lite"]["hbm_gib"]
 
 @functools.cache
 def lib():
-    """10_finetuning's `course-lib` cells, loaded once."""
-    return load_course_lib("10_finetuning")
+    """10_finetuning's `course-lib` cells, loaded once. Its cells set their mesh as the global
+    one (`jax.set_mesh(mesh)`); the `with` puts back what was there, so that the sections after
+    this one see none. `measure` sets 10's mesh again while it runs."""
+    with jax.set_mesh(None):
+        return load_course_lib("10_finetuning")
 
 
 def measure(repeats: int = 5, ft=None) -> dict:
     """Each method's step at 10's CPU preset on 10's mesh (every device of this machine)."""
     ft = ft or lib()
+    with jax.set_mesh(ft.mesh):  # as in the notebook
+        return _measure(ft, repeats)
+
+
+def _measure(ft, repeats: int) -> dict:
     tokens = ft.batch([ft.forward], 0)
     out = {"config": f"V={ft.V} T={ft.T} D={ft.D} heads={ft.HEADS} layers={ft.LAYERS} batch={ft.BATCH}, "
                      f"LoRA rank {ft.RANK} on {', '.join(ft.TARGETS)}",

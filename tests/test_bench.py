@@ -247,11 +247,13 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from bench import finetune
 from course.tpu import tpu_devices
+import jax
 m = finetune.measure(repeats=1)
+left = not jax.sharding.get_abstract_mesh().empty  # 10's global mesh must not outlive the section
 devices = tpu_devices(finetune.TARGET)  # COURSE_TPU_COMPILE=1 (conftest): raises without libtpu
 ft = finetune.lib()
 tpu = {k: finetune.compile_for(ft, k, 256, devices) for k in ("full", "QLoRA")}
-print(json.dumps({"mesh": m["mesh"], "methods": m["methods"], "tpu": tpu, "D": ft.D}))
+print(json.dumps({"mesh": m["mesh"], "methods": m["methods"], "tpu": tpu, "D": ft.D, "mesh_left": left}))
 """
 
 
@@ -269,6 +271,7 @@ def test_finetune_rows_run_10s_code_and_compile_it_for_a_v5e_8():
     assert m["LoRA"]["trained"] == m["QLoRA"]["trained"] < m["full"]["trained"] / 10, m
     assert m["QLoRA"]["argument_bytes"] < m["LoRA"]["argument_bytes"] < m["full"]["argument_bytes"], m
     assert found["D"] == 64, "compile_for must leave 10's width as it found it"
+    assert not found["mesh_left"], "10's global mesh outlived its section (the next one, 01's, ran into it)"
     assert all(t["fits"] and t["D"] == 256 and 0 < t["gib"] < 1 for t in tpu.values()), tpu
     assert tpu["QLoRA"]["gib"] < tpu["full"]["gib"] and tpu["QLoRA"]["params"] == tpu["full"]["params"], tpu
 
