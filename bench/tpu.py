@@ -5,9 +5,11 @@ Linux machine (course/tpu.py). The step is notebook 01's own (`lib.train_step` l
 `lib.abstract_model`'s shapes on a mesh of the v5e-8's devices; nothing runs). From the compiled
 program: memory per chip (course/hlo.py's memory_bytes), FLOPs and bytes accessed per chip
 (`cost_analysis()`: 01's layers are a Python loop, so every layer is counted), and the roofline
-time max(FLOPs / peak, bytes / HBM bandwidth) with the v5e data sheet's figures. MFU implied =
-the step's matmul FLOPs (course/flops.py, as the measured rows count them) / roofline time /
-the 8 chips' peak. Every number is a TPU compiler estimate, not a measurement.
+time max(FLOPs / peak, bytes / HBM bandwidth) with the chip's data sheet figures. MFU implied =
+the model's matmul FLOPs (course/flops.py, as the measured rows count them; the plain loss's, so
+the chunked loss's recomputed logits do not count) / roofline time / the chips' peak; HFU counts
+every matmul the step runs. Every number is a TPU compiler estimate, not a measurement.
+`estimate` also sizes 01's presets for a Colab v5e-1 and a v2-8 (tests/test_tpu_presets.py).
 
 Fails closed: the compile must run (course/tpu.py's tpu_devices raises with the cause under
 COURSE_TPU_COMPILE=1, which `make bench` sets); a step "does not fit" only where the compiler
@@ -26,12 +28,10 @@ from jax.sharding import PartitionSpec as P
 
 from bench.minigpt import CheckFailed, check, seed_config
 from course.flops import matmul_flops
-from course.tpu import TPU_CHIPS, compile_or_oom, tpu_devices
+from course.tpu import TPU_CHIPS, compile_or_oom, roofline, tpu_devices
 
 LABEL = "TPU compiler estimate, not a measurement"
 TARGET = "Kaggle v5e-8"
-V5E = TPU_CHIPS["TPU v5 lite"]
-HBM_BYTES = V5E["hbm_gib"] * 2**30
 
 # 01_minigpt's v5e-8 preset before issue 25: the seed tutorial's model (D=256, N=8, F=1024, L=8,
 # T=256, V=50,304 padded), 32 sequences per chip on a 4 x 2 ('data', 'model') mesh, bfloat16
@@ -114,8 +114,11 @@ def shape(cfg) -> str:
 
 
 def estimate(lib, cfg, devices) -> dict:
-    """Compile 01's train step for `cfg` on the v5e-8 `devices`; the compiler's estimates, or
-    fits=False and the bytes it said it needs where it ran out of memory."""
+    """Compile 01's train step for `cfg` on the TPU `devices` (any TPU_CHIPS kind: a v5e-8, a
+    v5e-1, a v2-8); the compiler's estimates per chip, or fits=False and the bytes it said it
+    needs where it ran out of memory. MFU counts the model's matmuls (the plain loss's); HFU
+    every matmul the step runs, the chunked loss's recomputed logits included."""
+    chip = TPU_CHIPS[devices[0].device_kind]
     mesh = lib.make_mesh(cfg, devices)
     model, optimizer = lib.abstract_model(cfg, mesh)
     batch = jax.ShapeDtypeStruct((cfg.global_batch, cfg.seq_len + 1), jnp.int32,
@@ -123,23 +126,26 @@ def estimate(lib, cfg, devices) -> dict:
     start = time.perf_counter()
     with jax.set_mesh(mesh):
         compiled, gib = compile_or_oom(lib.train_step.lower(model, optimizer, batch))
-        model_flops = matmul_flops(lib.train_step, model, optimizer, batch)
+        hardware_flops = matmul_flops(lib.train_step, model, optimizer, batch)
+        if getattr(cfg, "loss", "plain") == "plain":
+            model_flops = hardware_flops
+        else:  # the same step with the plain loss: what the model needs, no recomputation
+            plain = dataclasses.replace(cfg, loss="plain")
+            model_flops = matmul_flops(lib.train_step, *lib.abstract_model(plain, mesh), batch)
     compile_s = time.perf_counter() - start
     common = {"shape": shape(cfg), "mesh": dict(mesh.shape), "device_kind": devices[0].device_kind,
-              "compile_s": compile_s, "bytes_per_chip": gib * 2**30, "model_flops_per_step": model_flops}
+              "compile_s": compile_s, "bytes_per_chip": gib * 2**30, "hbm_gib": chip["hbm_gib"],
+              "model_flops_per_step": model_flops, "hardware_flops_per_step": hardware_flops}
     if compiled is None:
         return {**common, "fits": False}
-    cost = compiled.cost_analysis()
-    flops, nbytes = float(cost["flops"]), float(cost["bytes accessed"])  # per chip
-    compute_s, memory_s = flops / V5E["bf16_flops"], nbytes / V5E["hbm_bytes_per_s"]
-    roofline_s = max(compute_s, memory_s)
+    line = roofline(compiled, devices[0].device_kind)  # per chip: flops, bytes, seconds, bound
+    peak = line["seconds"] * mesh.devices.size * chip["bf16_flops"]
     return {
-        **common, "fits": gib * 2**30 <= HBM_BYTES, "margin": 1 - gib * 2**30 / HBM_BYTES,
-        "flops_per_chip": flops, "bytes_accessed_per_chip": nbytes,
-        "compute_s": compute_s, "memory_s": memory_s, "roofline_s": roofline_s,
-        "bound": "memory" if memory_s > compute_s else "compute",
-        "mfu": model_flops / roofline_s / (mesh.devices.size * V5E["bf16_flops"]),
-        "tokens_per_s": cfg.global_batch * cfg.seq_len / roofline_s,
+        **common, "compiled": compiled, "fits": gib <= chip["hbm_gib"], "margin": 1 - gib / chip["hbm_gib"],
+        "flops_per_chip": line["flops"], "bytes_accessed_per_chip": line["bytes"],
+        "compute_s": line["compute_s"], "memory_s": line["memory_s"], "roofline_s": line["seconds"],
+        "bound": line["bound"], "mfu": model_flops / peak, "hfu": hardware_flops / peak,
+        "tokens_per_s": cfg.global_batch * cfg.seq_len / line["seconds"],
     }
 
 
@@ -154,15 +160,16 @@ def row(label: str, cfg, est: dict | None, why: str | None) -> dict:
     if "roofline_s" not in est:
         return {"benchmark": benchmark, "config": config, "compile_s": est["compile_s"],
                 "result": f"DOES NOT FIT: the compiler needs {est['bytes_per_chip'] / 2**30:.2f} GiB per chip "
-                f"of {V5E['hbm_gib']}"}
+                f"of {est['hbm_gib']}"}
     fit = f"fits, {100 * est['margin']:.0f}% margin" if est["fits"] else "DOES NOT FIT"
     return {
         "benchmark": benchmark, "config": config, "compile_s": est["compile_s"],
-        "result": f"{est['bytes_per_chip'] / 2**30:.2f} GiB per chip of {V5E['hbm_gib']} ({fit}); "
+        "result": f"{est['bytes_per_chip'] / 2**30:.2f} GiB per chip of {est['hbm_gib']} ({fit}); "
         f"{est['flops_per_chip'] / 1e12:.2f} TFLOP and {est['bytes_accessed_per_chip'] / 1e9:.1f} GB accessed "
         f"per chip; roofline {est['roofline_s'] * 1e3:.1f} ms ({est['bound']}-bound: compute "
         f"{est['compute_s'] * 1e3:.1f} ms, memory {est['memory_s'] * 1e3:.1f} ms); MFU implied "
-        f"{100 * est['mfu']:.1f}% ({est['model_flops_per_step'] / 1e12:.2f} TFLOP/step of matmuls); "
+        f"{100 * est['mfu']:.1f}% ({est['model_flops_per_step'] / 1e12:.2f} TFLOP/step of the model's matmuls; "
+        f"HFU {100 * est['hfu']:.1f}%, recomputation included); "
         f"{est['tokens_per_s']:,.0f} tokens/s",
     }
 
@@ -183,6 +190,7 @@ def rows(lib, selected: dict | None = None) -> tuple[list[dict], dict, dict]:
                 checked = (f"its loss equals the plain loss on CPU (values and gradients within "
                            f"{chunked_loss_matches(lib, cfg):.0e})" if getattr(cfg, "loss", "plain") != "plain" else "")
                 est = estimate(lib, cfg, devices)
+                est.pop("compiled", None)  # the program itself is not a result
                 est["note"] = "; ".join(x for x in (checked, preset_note(lib, cfg, devices) if label == SHIPPED else "") if x)
                 if label == SHIPPED and not est["fits"]:
                     failed[label] = f"01's shipped v5e-8 preset does not fit ({est['bytes_per_chip'] / 2**30:.2f} GiB per chip)"
