@@ -145,7 +145,7 @@ def test_tpu_rows_fail_closed(monkeypatch):
 
     def out_of_memory(lib, cfg, devices):
         return {"shape": "tiny", "mesh": {"data": 8}, "device_kind": "TPU v5 lite", "compile_s": 1.0,
-                "bytes_per_chip": 17.2 * 2**30, "model_flops_per_step": 1.0, "fits": False}
+                "bytes_per_chip": 17.2 * 2**30, "hbm_gib": 15.75, "model_flops_per_step": 1.0, "fits": False}
 
     monkeypatch.setattr(tpu, "tpu_devices", lambda target: ["a device"])
     monkeypatch.setattr(tpu, "estimate", out_of_memory)
