@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from bench.course import load_course_lib  # noqa: E402
 from bench.tpu import estimate  # noqa: E402
+from course.flops import _subjaxprs  # noqa: E402
 from course.tpu import tpu_devices  # noqa: E402
 
 FREE = 0.25  # each preset leaves this share of the chip's memory free: the compiler's estimate
@@ -74,16 +75,14 @@ def matmul_dtypes(fn, *args) -> list[tuple[str, str, tuple]]:
     """(operand dtype, result dtype, result shape) of every matmul in the program JAX traces."""
     found = []
 
-    def walk(jaxpr):
+    def walk(jaxpr):  # nested jaxprs (jit, remat, scan) found as course/flops.py finds them
         for eqn in jaxpr.eqns:
             if eqn.primitive.name == "dot_general":
                 out = eqn.outvars[0].aval
                 found.append((str(eqn.invars[0].aval.dtype), str(out.dtype), tuple(out.shape)))
             for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else [value]:
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
+                for inner in _subjaxprs(value):
+                    walk(inner)
 
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
     return found
