@@ -99,7 +99,7 @@ TITLES = {
 BACKWARD = {
     "column": "backward: dIn = dOut[B_X, F_Y] · Wᵀ is a partial sum on each device → all-reduce over model",
     "row": "backward: dIn[B_X, D_Y] = dOut[B_X, F] · Wᵀ needs only this device's rows of W → no collective",
-    "mlp": "backward: dIn is a partial sum on each device → all-reduce before W1 (02's f); none after W2 (02's g)",
+    "mlp": "backward: dIn is a partial sum on each device → all-reduce before W1; none after W2",
 }
 
 
