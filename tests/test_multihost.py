@@ -65,7 +65,7 @@ def workdir(tmp_path_factory):
 def run_job(folder: Path, *flags: str, timeout_s: float = JOB_TIMEOUT_S):
     vocab = folder.joinpath("vocab.txt").read_text()
     command = [sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab,
-               "--timeout", str(timeout_s), *flags]
+               "--timeout", str(timeout_s), "--report", "1", *flags]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout_s + 60)
     return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
@@ -140,6 +140,18 @@ def test_two_processes_train_like_one(workdir, uninterrupted):
     print(f"wall time: 2 processes x 4 devices {two_s:.1f} s, 1 process x 8 devices {one_s:.1f} s")
 
 
+def test_a_plain_run_reports_nothing(workdir):
+    """Without --report 1 (a real cluster's command line) the worker trains as written: no
+    instruments, so no RESULT line and no gather of the whole state onto every host."""
+    vocab = workdir.joinpath("vocab.txt").read_text()
+    done = subprocess.run([sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab,
+                           "--launch", "1", "--devices-per-process", "2", "--steps", "2"],
+                          cwd=workdir, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "step 1 " in output and "RESULT " not in output, output
+
+
 def test_a_crash_mid_training_stops_the_job(workdir):
     code, output, seconds = run_job(workdir, "--launch", "2", "--inject", "error", "--inject-process", "1",
                                     "--inject-step", "1", timeout_s=JOB_TIMEOUT_S)
@@ -196,7 +208,7 @@ def run_and_signal(folder: Path, *flags: str, at_step: int, sig: int, process: i
     None) or to that worker (the launcher prints their pids). Return (exit code, output)."""
     vocab = folder.joinpath("vocab.txt").read_text()
     command = [sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab,
-               "--timeout", str(timeout_s), *flags]
+               "--timeout", str(timeout_s), "--report", "1", *flags]
     job = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, sent = [], False
     try:
