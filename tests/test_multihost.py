@@ -13,7 +13,6 @@ the model are tested on their own, without JAX.
 """
 
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -26,6 +25,8 @@ from pathlib import Path
 import jupytext
 import numpy as np
 import pytest
+
+from bench.course import load_course_lib
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "md" / "05_multihost.md"
@@ -62,19 +63,16 @@ def workdir(tmp_path_factory):
     return folder
 
 
+# The notebook's own helpers for running the launcher (its cells tagged `course-lib`: run_job,
+# run_and_signal, result_of, logged_losses, ...), not copies of them.
+TOOLS = load_course_lib("05_multihost")
+result_of, logged_losses = TOOLS.result_of, TOOLS.logged_losses
+
+
 def run_job(folder: Path, *flags: str, timeout_s: float = JOB_TIMEOUT_S):
-    vocab = folder.joinpath("vocab.txt").read_text()
-    command = [sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab,
-               "--timeout", str(timeout_s), "--report", "1", *flags]
-    start = time.perf_counter()
-    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=timeout_s + 60)
-    return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
-
-
-def result_of(output: str) -> dict:
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, f"expected one RESULT line (from process 0 only):\n{output}"
-    return json.loads(lines[0].removeprefix("RESULT "))
+    """The notebook's run_job, in `folder`, with that folder's vocabulary size."""
+    TOOLS.V = int(folder.joinpath("vocab.txt").read_text())
+    return TOOLS.run_job(*flags, timeout_s=timeout_s, cwd=folder)
 
 
 def workers_alive(folder: Path) -> dict[int, str]:
@@ -204,30 +202,11 @@ def test_workers_die_with_a_killed_launcher(workdir):
 
 def run_and_signal(folder: Path, *flags: str, at_step: int, sig: int, process: int | None = None,
                    timeout_s: float = JOB_TIMEOUT_S):
-    """Run the launcher; once process 0 logs `step {at_step}`, send `sig` to the launcher (process
-    None) or to that worker (the launcher prints their pids). Return (exit code, output)."""
-    vocab = folder.joinpath("vocab.txt").read_text()
-    command = [sys.executable, "multihost_train.py", "--tokens", "tokens.npy", "--vocab", vocab,
-               "--timeout", str(timeout_s), "--report", "1", *flags]
-    job = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, sent = [], False
-    try:
-        for line in job.stdout:
-            lines.append(line)
-            if not sent and line.startswith(f"step {at_step} "):
-                pids = json.loads(re.search(r"pids (\[[0-9, ]*\])", "".join(lines))[1])
-                os.kill(job.pid if process is None else pids[process], sig)
-                sent = True
-        job.wait(timeout=timeout_s + 60)
-    finally:
-        job.kill()
-    assert sent, f"step {at_step} never came:\n{''.join(lines)}"
-    return job.returncode, "".join(lines)
-
-
-def logged_losses(output: str) -> dict[int, float]:
-    """{step: loss} from process 0's log (6 decimals)."""
-    return {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d+)  loss ([0-9.]+)", output, re.M)}
+    """The notebook's run_and_signal, in `folder`: (exit code, output)."""
+    TOOLS.V = int(folder.joinpath("vocab.txt").read_text())
+    code, output, _ = TOOLS.run_and_signal(*flags, at_step=at_step, sig=sig, process=process,
+                                           timeout_s=timeout_s, cwd=folder)
+    return code, output
 
 
 def resumed_from(output: str) -> int:
