@@ -82,8 +82,9 @@ def compile_or_oom(lowered):
 
 def roofline(compiled, chip: str = "TPU v5 lite") -> dict:
     """The compiler's FLOPs and bytes accessed per chip against the chip's data sheet: the
-    roofline time max(compute, memory), a lower bound, and which one bounds it. XLA's cost
-    analysis counts a while loop's body once: use it on programs whose layers are unrolled."""
+    roofline time max(compute, memory), an optimistic estimate (no links; the compiler's counts are
+    estimates too), and which one bounds it. XLA's cost analysis counts a while loop's body once:
+    use it on programs whose layers are unrolled."""
     cost, peak = compiled.cost_analysis(), TPU_CHIPS[chip]
     compute_s = cost["flops"] / peak["bf16_flops"]
     memory_s = cost["bytes accessed"] / peak["hbm_bytes_per_s"]
