@@ -26,7 +26,7 @@ help:
 	@echo "make test-1        every notebook under nbval on 1 emulated device (the Colab CPU case; CI runs it)"
 	@echo "make test-2        every notebook on 2 emulated devices: the (data, model) = (1, 2) mesh (CI runs it)"
 	@echo "make test-presets  the readers' GPU/TPU presets (shapes, dtypes, schedules) for a few steps on this CPU (CI runs it)"
-	@echo "make test-accelerator  every notebook on the attached GPU/TPU, every check asserting, one line each"
+	@echo "make test-accelerator  every notebook on the attached GPU/TPU, every check asserting, one line each (JOBS=4: four at once on a GPU)"
 	@echo "make test-devices  execute every notebook at 1, 2 and 4 emulated devices"
 	@echo "make test-latest   every notebook under nbval with the newest release of every requirement (.venv-latest)"
 	@echo "make sync          write the notebooks' copies of course/*.py, then pair md/ and notebooks/ (newest side wins)"
@@ -74,9 +74,10 @@ test-2: $(STAMP)
 test-presets: $(STAMP)
 	@$(OFFLINE) $(BIN)/python tools/run_notebooks.py presets $(NB)
 
-# On a GPU/TPU machine: every notebook on the accelerator, outputs not compared.
+# On a GPU/TPU machine: every notebook on the accelerator, outputs not compared. JOBS=4 runs four
+# at once on one GPU (a short loan of a machine); logs in .cache/run_notebooks/.
 test-accelerator: $(STAMP)
-	@$(BIN)/python tools/run_notebooks.py accelerator $(NB)
+	@JOBS=$(or $(JOBS),1) $(BIN)/python tools/run_notebooks.py accelerator $(NB)
 
 # Every notebook whole (no caps) on 1, 2 and 4 devices: for a maintainer, not CI.
 test-devices: $(STAMP)

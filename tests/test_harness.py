@@ -201,3 +201,16 @@ def test_run_notebooks_devices_needs_a_count():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "devices"],
                             capture_output=True, text=True)
     assert result.returncode != 0 and "give the device count" in result.stderr
+
+
+def test_an_accelerator_run_orders_every_notebook_and_checks_jobs():
+    """JOBS > 1 starts the longest notebooks first: a notebook missing from LONGEST_FIRST would
+    start last and could outlast a short loan of a GPU. A JOBS that is not a count is refused."""
+    import run_notebooks
+
+    names = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert set(run_notebooks.LONGEST_FIRST) == names, names ^ set(run_notebooks.LONGEST_FIRST)
+    assert run_notebooks.jobs("1") == 1
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "accelerator"],
+                            capture_output=True, text=True, env={**os.environ, "JOBS": "four"})
+    assert result.returncode != 0 and "give a count of notebooks" in result.stderr, result.stderr

@@ -19,16 +19,24 @@ batch are capped (COURSE_MAX_STEPS, COURSE_MAX_BATCH) to fit CI. PRESET_RUNS bel
 each run covers.
 
 accelerator: COURSE_ACCELERATOR=1 keeps JAX on the GPU/TPU (no JAX_PLATFORMS=cpu); the TPU
-compiles run where libtpu is installed and are skipped, saying so, where it is not.
+compiles run where libtpu is installed and are skipped, saying so, where it is not. JOBS=N runs
+N notebooks at once on one GPU, the longest first (each process allocates as it needs and may
+take 1/N of the card's memory: XLA_PYTHON_CLIENT_PREALLOCATE=false, _MEM_FRACTION=0.9/N, unless
+set), so that the series fits a short loan of a machine; a TPU belongs to one process, so JOBS=1
+there. Each notebook's log, written as it runs and ending with its slowest cells, is
+.cache/run_notebooks/NAME.log.
 """
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -72,6 +80,13 @@ PRESET_RUNS = [
     ("09_mixture_of_experts", "tpu", {**CAPS["09_mixture_of_experts"], "CPU_DEVICES": "8"}, True),
 ]
 
+# The order of an accelerator run with JOBS > 1, longest first so that the last to start are
+# short: the second H200 run's times (2026-11-26, 4-5 notebooks sharing the card; 01 had not
+# finished in 520 s). A notebook not listed runs after these.
+LONGEST_FIRST = ["01_minigpt", "03_tensor_parallel_transformer", "09_mixture_of_experts", "04_profiling",
+                 "08_long_context", "06_memory", "10_finetuning", "05_multihost", "07_pipeline_parallel",
+                 "02_tensor_parallel_mlp", "00_setup"]
+
 
 def run(name: str, env: dict[str, str], label: str) -> bool:
     path = ROOT / "notebooks" / f"{name}.ipynb"
@@ -84,7 +99,7 @@ def run(name: str, env: dict[str, str], label: str) -> bool:
     start = time.perf_counter()
     with log.open("w") as out:
         returncode = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
-                                     str(path.relative_to(ROOT))],
+                                     "--durations=8", str(path.relative_to(ROOT))],
                                     cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - start
     output = log.read_text()
@@ -94,6 +109,35 @@ def run(name: str, env: dict[str, str], label: str) -> bool:
     if not passed:
         print(output[-6000:], f"(all of it: {log.relative_to(ROOT)})", sep="\n", flush=True)
     return passed
+
+
+def jobs(text: str) -> int:
+    """JOBS, checked: more than one only on a GPU (a TPU's chips belong to one process)."""
+    if not text.isdigit() or int(text) < 1:
+        raise SystemExit(f"run_notebooks accelerator: JOBS={text!r}; give a count of notebooks to run at once, e.g. JOBS=4")
+    gpu = shutil.which("nvidia-smi") is not None
+    if int(text) > 1 and not gpu and (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
+        raise SystemExit(f"run_notebooks accelerator: JOBS={text}, but a TPU belongs to one process at a time: "
+                         "run with JOBS=1")
+    return int(text)
+
+
+def run_on_accelerator(names: list[str], n_jobs: int) -> list[bool]:
+    """Every notebook (or those named) on the attached accelerator, n_jobs at a time."""
+    libtpu = importlib.util.find_spec("libtpu") is not None
+    env = {"COURSE_ACCELERATOR": "1", "COURSE_TPU_COMPILE": os.environ.get("COURSE_TPU_COMPILE", "1" if libtpu else "0")}
+    if n_jobs > 1:  # the notebooks share one GPU: none may take it all (setting either variable wins)
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / n_jobs:.2f}")
+    env.update(offline.course_env({**os.environ, **env}))
+    label = (f"on the attached accelerator (TPU compiles: {'on' if env['COURSE_TPU_COMPILE'] == '1' else 'off'}"
+             + (f"; {n_jobs} at once" if n_jobs > 1 else "") + ")")
+    selected = [p.stem for p in sorted((ROOT / "notebooks").glob("*.ipynb")) if not names or p.stem in names]
+    if n_jobs > 1:
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        selected.sort(key=lambda name: rank.get(name, len(rank)))
+    with ThreadPoolExecutor(max_workers=n_jobs) as pool:  # each line is printed as its notebook ends
+        return list(pool.map(lambda name: run(name, env, label), selected))
 
 
 def main(argv: list[str]) -> int:
@@ -119,13 +163,7 @@ def main(argv: list[str]) -> int:
             env.update(offline.course_env({**os.environ, **env}))
             results.append(run(name, env, f"{preset} preset, " + ", ".join(f"{k}={v}" for k, v in caps.items())))
     else:
-        libtpu = importlib.util.find_spec("libtpu") is not None
-        env = {"COURSE_ACCELERATOR": "1", "COURSE_TPU_COMPILE": os.environ.get("COURSE_TPU_COMPILE", "1" if libtpu else "0")}
-        env.update(offline.course_env({**os.environ, **env}))
-        for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-            if not names or path.stem in names:
-                results.append(run(path.stem, env, f"on the attached accelerator (TPU compiles: "
-                                   f"{'on' if env['COURSE_TPU_COMPILE'] == '1' else 'off'})"))
+        results = run_on_accelerator(names, jobs(os.environ.get("JOBS", "1")))
     if not results:
         raise SystemExit(f"run_notebooks: nothing selected by {names}")
     print(f"run_notebooks {' '.join(argv[:2] if argv[0] == 'devices' else argv[:1])}: {sum(results)} of {len(results)} passed")
