@@ -75,9 +75,9 @@ test-presets: $(STAMP)
 	@$(OFFLINE) $(BIN)/python tools/run_notebooks.py presets $(NB)
 
 # On a GPU/TPU machine: every notebook on the accelerator, outputs not compared. JOBS=4 runs four
-# at once on one GPU (a short loan of a machine); logs in .cache/run_notebooks/.
+# at once on one GPU (a short loan of a machine); FULL=1 trains 01 whole; logs in .cache/run_notebooks/.
 test-accelerator: $(STAMP)
-	@JOBS=$(or $(JOBS),1) $(BIN)/python tools/run_notebooks.py accelerator $(NB)
+	@JOBS=$(or $(JOBS),1) FULL=$(FULL) $(BIN)/python tools/run_notebooks.py accelerator $(NB)
 
 # Every notebook whole (no caps) on 1, 2 and 4 devices: for a maintainer, not CI.
 test-devices: $(STAMP)

@@ -24,7 +24,9 @@ N notebooks at once on one GPU, the longest first (each process allocates as it 
 take 1/N of the card's memory: XLA_PYTHON_CLIENT_PREALLOCATE=false, _MEM_FRACTION=0.9/N, unless
 set), so that the series fits a short loan of a machine; a TPU belongs to one process, so JOBS=1
 there. Each notebook's log, written as it runs and ending with its slowest cells, is
-.cache/run_notebooks/NAME.log.
+.cache/run_notebooks/NAME.log. 01 trains its accelerator preset for ACCELERATOR_CAPS' steps
+(past the warmup, so its learning checks hold): its full schedule takes 10 minutes or more on a
+T4 or a v5e-8, past nbval's 600 s per cell. FULL=1 runs it whole, with an hour per cell.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ PRESET_RUNS = [
     ("09_mixture_of_experts", "tpu", {**CAPS["09_mixture_of_experts"], "CPU_DEVICES": "8"}, True),
 ]
 
+# An accelerator run's caps (FULL=1: none): 01's training cell at its full schedule (3,000 steps
+# on a GPU, 10,000 on a v5e-8) takes 10 minutes or more on a T4 or a v5e-8 (estimates).
+ACCELERATOR_CAPS = {"01_minigpt": {"COURSE_MAX_STEPS": "300"}}
+
 # The order of an accelerator run with JOBS > 1, longest first so that the last to start are
 # short: the second H200 run's times (2026-11-26, 4-5 notebooks sharing the card; 01 had not
 # finished in 520 s). A notebook not listed runs after these.
@@ -88,7 +94,7 @@ LONGEST_FIRST = ["01_minigpt", "03_tensor_parallel_transformer", "09_mixture_of_
                  "02_tensor_parallel_mlp", "00_setup"]
 
 
-def run(name: str, env: dict[str, str], label: str) -> bool:
+def run(name: str, env: dict[str, str], label: str, extra: tuple[str, ...] = ()) -> bool:
     path = ROOT / "notebooks" / f"{name}.ipynb"
     if not path.exists():
         raise SystemExit(f"run_notebooks: no notebook {path.relative_to(ROOT)}")
@@ -99,7 +105,7 @@ def run(name: str, env: dict[str, str], label: str) -> bool:
     start = time.perf_counter()
     with log.open("w") as out:
         returncode = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
-                                     "--durations=8", str(path.relative_to(ROOT))],
+                                     *extra, str(path.relative_to(ROOT))],
                                     cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - start
     output = log.read_text()
@@ -136,8 +142,15 @@ def run_on_accelerator(names: list[str], n_jobs: int) -> list[bool]:
     if n_jobs > 1:
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         selected.sort(key=lambda name: rank.get(name, len(rank)))
+    full = os.environ.get("FULL") == "1"
+    extra = ("--nbval-cell-timeout=3600",) if full else ()
+
+    def one(name: str) -> bool:
+        caps = {} if full else ACCELERATOR_CAPS.get(name, {})
+        return run(name, {**env, **caps}, label + "".join(f", {k}={v}" for k, v in caps.items()), extra)
+
     with ThreadPoolExecutor(max_workers=n_jobs) as pool:  # each line is printed as its notebook ends
-        return list(pool.map(lambda name: run(name, env, label), selected))
+        return list(pool.map(one, selected))
 
 
 def main(argv: list[str]) -> int:
