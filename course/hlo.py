@@ -42,6 +42,44 @@ def memory_bytes(compiled) -> int:
             - m.alias_size_in_bytes)
 
 
+def stored_bytes(*arrays) -> int:
+    """Bytes one device takes to store `arrays` (jax.Arrays, or ShapeDtypeStructs with shardings,
+    in any pytrees) as this backend lays them out: the arguments of a program compiled to receive
+    them and nothing else. XLA:CPU and GPU store exactly each shard's bytes; a TPU pads every
+    buffer to whole tiles (8 x 128 values of a float32 matrix, 1,024 of a vector), which a small
+    or narrow array does not fill. A compiled step's arguments are these bytes on every backend."""
+    import jax
+
+    receive = jax.jit(lambda *a: None, keep_unused=True)  # keep_unused: jit drops unused arguments
+    return receive.lower(*arrays).compile().memory_analysis().argument_size_in_bytes
+
+
+_PLAN_NOTE = []
+
+
+def plan_mesh(mesh):
+    """The mesh whose compiled memory plan a notebook reads for its small model: `mesh` itself,
+    except on a TPU, where the same shape over the host's CPU devices stands in (said once). A
+    TPU's compiler keeps the buffers of a program this small in the chip's on-chip memory (VMEM,
+    memory space S(1) in its HLO), and memory_analysis() counts only HBM, so there a toy
+    model's temporaries read near zero and do not grow with layers or micro-batches. At scale,
+    where HBM is what runs out, the notebooks compile for the TPU itself."""
+    import jax
+
+    if mesh.devices.flat[0].platform != "tpu":
+        return mesh
+    cpu = jax.devices("cpu")
+    if len(cpu) < mesh.size:
+        raise RuntimeError(f"the memory plan needs {mesh.size} CPU devices and JAX has {len(cpu)}: set "
+                           f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts")
+    if not _PLAN_NOTE:
+        print("note: on a TPU, the small model's memory plan is compiled for this host's CPU: the TPU "
+              "keeps buffers this small in on-chip memory (VMEM), which memory_analysis() does not count")
+        _PLAN_NOTE.append(True)
+    return jax.sharding.Mesh(np.array(cpu[: mesh.size]).reshape(mesh.devices.shape), mesh.axis_names,
+                             axis_types=mesh.axis_types)
+
+
 def ring_bytes(kind: str, result_bytes: int, n: int) -> float:
     """Bytes each of n devices sends for one collective, ring algorithm (collective-permute
     sends its result once)."""

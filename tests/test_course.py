@@ -289,6 +289,68 @@ def test_memory_bytes_of_a_compiled_step():
     assert memory_bytes(compiled) == 4096  # the output reuses the donated input's buffer
 
 
+def test_stored_bytes_are_the_shards_on_the_cpu_and_whole_tiles_on_a_tpu(monkeypatch):
+    """On XLA:CPU each device stores exactly its shards; compiled for a v5e-8, a narrow matrix and
+    a vector are padded to whole tiles, and a step's arguments are exactly those padded bytes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from course import tpu
+    from course.hlo import stored_bytes
+
+    cpu_mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    x = jax.device_put(jnp.ones((8, 4), jnp.float32), NamedSharding(cpu_mesh, P("data")))
+    assert stored_bytes(x, {"v": jnp.ones(3, jnp.int32)}) == 4 * 4 * 4 + 3 * 4
+    monkeypatch.setenv("COURSE_TPU_COMPILE", "1")
+    mesh = Mesh(np.array(tpu.tpu_devices("Kaggle v5e-8")).reshape(4, 2), ("data", "model"))
+    narrow = jax.ShapeDtypeStruct((64, 257), jnp.int32, sharding=NamedSharding(mesh, P("data")))
+    vector = jax.ShapeDtypeStruct((50304,), jnp.float32, sharding=NamedSharding(mesh, P()))
+    assert stored_bytes(narrow) == 16 * 384 * 4 > 16 * 257 * 4  # 257 columns stored as 3 x 128
+    assert stored_bytes(vector) == 51200 * 4 > 50304 * 4  # whole tiles of 1,024
+    step = jax.jit(lambda b, v: (b + 1).sum() * v).lower(narrow, vector).compile()
+    assert step.memory_analysis().argument_size_in_bytes == stored_bytes(narrow, vector)
+
+
+def test_plan_mesh_is_the_mesh_off_a_tpu_and_the_hosts_cpu_on_one(monkeypatch, capsys):
+    """On a TPU a toy model's temporaries live in on-chip memory that memory_analysis() leaves out
+    (compiled for a v5e-8: 0 bytes of HBM temporaries for 08's attention at T = 1,024, while
+    XLA:CPU counts its [B, N, T, T] buffers), so its memory plan is read from the host's CPU."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from course import hlo, tpu
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    assert hlo.plan_mesh(mesh) is mesh
+    monkeypatch.setenv("COURSE_TPU_COMPILE", "1")
+    on_tpu = Mesh(np.array(tpu.tpu_devices("Kaggle v5e-8")).reshape(4, 2), ("data", "model"))
+    cpu = hlo.plan_mesh(on_tpu)
+    assert cpu.devices.flat[0].platform == "cpu" and dict(cpu.shape) == dict(on_tpu.shape)
+    assert cpu.axis_types == on_tpu.axis_types and "VMEM" in capsys.readouterr().out
+    # Why: the gradient of a small scanned network keeps 3 MiB of temporaries on XLA:CPU and none
+    # in a v5e's HBM: its buffers sit in memory space S(1), the on-chip VMEM
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def grad(w, x):
+        layers = lambda w: jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, w)[0].sum()  # noqa: E731
+        return jax.grad(layers)(w)
+
+    def temps(mesh):
+        w = jax.ShapeDtypeStruct((4, 256, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
+        x = jax.ShapeDtypeStruct((256, 256), jnp.float32, sharding=NamedSharding(mesh, P()))
+        compiled = jax.jit(grad).lower(w, x).compile()
+        return compiled.memory_analysis().temp_size_in_bytes, compiled.as_text()
+
+    (on_cpu, _), (on_v5e, hlo_text) = temps(cpu), temps(on_tpu)
+    assert on_cpu >= 2**20 and on_v5e == 0 and "S(1)" in hlo_text, (on_cpu, on_v5e)
+
+
 # --- FLOPs -------------------------------------------------------------------------------------
 
 def test_matmul_flops_counts_loops_remat_and_shard_map():
