@@ -13,7 +13,8 @@ Runs at import, before any notebook kernel starts, so that every kernel inherits
   socket cannot leave the machine.
 
 It also makes nbval fail a cell tagged ``raises-exception`` that no longer raises (nbval
-itself only lets such a cell fail; it does not require it to).
+itself only lets such a cell fail; it does not require it to), and, under ``COURSE_LIVE_LOG=1``
+(tools/run_notebooks.py), prints each cell's time and any failure's message as the cell ends.
 """
 
 import os
@@ -34,8 +35,33 @@ DEVICES = offline.emulated_devices()
 
 def pytest_report_header(config):
     network = os.environ.get("COURSE_NETWORK", "proxies at a closed port only (no network namespace)")
-    return (f"notebooks run on {DEVICES} emulated CPU devices; data in {os.environ['COURSE_DATA_DIR']}; "
-            f"network: {network}")
+    where = (f"the attached accelerator (JAX's default backend; {DEVICES} emulated CPU devices beside it)"
+             if os.environ.get("COURSE_ACCELERATOR") == "1" else f"{DEVICES} emulated CPU devices")
+    return f"notebooks run on {where}; data in {os.environ['COURSE_DATA_DIR']}; network: {network}"
+
+
+LIVE_LOG_CHARS = 6000  # of a failure's message, printed as it happens
+SESSION: dict = {}
+
+
+def pytest_configure(config):
+    SESSION["config"] = config
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter has written the cell's PASSED/FAILED
+def pytest_runtest_logreport(report):
+    """COURSE_LIVE_LOG=1: each cell's time, and a failure's message, written as the cell ends.
+    pytest prints failures only when the session ends, so a notebook stopped from outside (a time
+    limit on a lent GPU) would otherwise lose the one thing its log was for."""
+    if os.environ.get("COURSE_LIVE_LOG") != "1" or (report.when != "call" and not report.failed):
+        return
+    reporter = SESSION["config"].pluginmanager.get_plugin("terminalreporter") if SESSION else None
+    if reporter is None:
+        return
+    reporter.write_line(f"    {report.when} {report.duration:.1f} s")
+    if report.failed:
+        text = report.longreprtext
+        reporter.write_line(text if len(text) <= LIVE_LOG_CHARS else "..." + text[-LIVE_LOG_CHARS:])
 
 
 def compares_outputs(environ=os.environ) -> bool:

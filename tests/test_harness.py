@@ -8,6 +8,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -214,3 +215,19 @@ def test_an_accelerator_run_orders_every_notebook_and_checks_jobs():
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "run_notebooks.py"), "accelerator"],
                             capture_output=True, text=True, env={**os.environ, "JOBS": "four"})
     assert result.returncode != 0 and "give a count of notebooks" in result.stderr, result.stderr
+
+
+def test_a_live_log_shows_each_cells_time_and_a_failure_as_it_happens(tmp_path):
+    """COURSE_LIVE_LOG=1 (run_notebooks' logs): a failure's message is written when the failing
+    test ends, before the next test starts, not only in the summary a killed run never prints."""
+    (tmp_path / "test_two.py").write_text(
+        "def test_fails():\n    assert 1 + 1 == 3, 'the message we need'\n\n\ndef test_next():\n    pass\n")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "conftest",
+                             "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_two.py")],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            env={**os.environ, "COURSE_LIVE_LOG": "1", "PYTHONPATH": str(ROOT)})
+    out = result.stdout
+    assert result.returncode == 1 and "the message we need" in out, out
+    live = out.index("the message we need")
+    assert live < out.index("test_next") < out.index("= FAILURES ="), out
+    assert re.search(r"^    call \d+\.\d s$", out, re.MULTILINE), out

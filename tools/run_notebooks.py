@@ -98,15 +98,17 @@ def run(name: str, env: dict[str, str], label: str, extra: tuple[str, ...] = ())
     path = ROOT / "notebooks" / f"{name}.ipynb"
     if not path.exists():
         raise SystemExit(f"run_notebooks: no notebook {path.relative_to(ROOT)}")
-    # pytest's output goes to a log as it runs (one cell per line, -v), so that a run stopped
-    # from outside (a time limit on a lent GPU) still shows how far each notebook got.
+    # pytest's output goes to a log as it runs (one cell per line, -v; COURSE_LIVE_LOG adds each
+    # cell's time and a failure's message as it happens), so that a run stopped from outside (a
+    # time limit on a lent GPU) still shows how far each notebook got and what failed.
     log = ROOT / ".cache" / "run_notebooks" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with log.open("w") as out:
         returncode = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
                                      *extra, str(path.relative_to(ROOT))],
-                                    cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT).returncode
+                                    cwd=ROOT, env={**os.environ, **env, "COURSE_LIVE_LOG": "1"},
+                                    stdout=out, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - start
     output = log.read_text()
     last = (output.strip().splitlines() or ["(no output)"])[-1].strip("= ")
