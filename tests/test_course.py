@@ -314,6 +314,39 @@ def test_stored_bytes_are_the_shards_on_the_cpu_and_whole_tiles_on_a_tpu(monkeyp
     assert step.memory_analysis().argument_size_in_bytes == stored_bytes(narrow, vector)
 
 
+def test_ragged_dot_at_highest_contracts_in_float32_on_a_tpu(monkeypatch):
+    """09 checks its sorted (dropless) dispatch, two `jax.lax.ragged_dot`s, against the dense
+    reference at "highest" precision and a float32 tolerance. On a TPU ragged_dot is a Mosaic
+    kernel, not an XLA dot: compiled for a v5e, its contraction must follow the precision asked
+    for, bfloat16 passes by default and float32 at "highest". (The kernel's MLIR spells the
+    precision; a libtpu that spells it otherwise fails here, and the claim needs a new look.)"""
+    import base64
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from course import tpu
+
+    monkeypatch.setenv("COURSE_TPU_COMPILE", "1")
+    mesh = Mesh(np.array(tpu.tpu_devices("Kaggle v5e-8")[:1]), ("x",))
+    E, D, F = 8, 64, 256  # 09's expert count and widths
+    args = (jax.ShapeDtypeStruct((512, D), jnp.float32), jax.ShapeDtypeStruct((E, D, F), jnp.float32),
+            jax.ShapeDtypeStruct((E,), jnp.int32))
+    whole = NamedSharding(mesh, P())
+    contract = {}
+    for precision in ("default", "highest"):
+        with jax.default_matmul_precision(precision):
+            hlo = jax.jit(jax.lax.ragged_dot, in_shardings=whole, out_shardings=whole).lower(*args).compile().as_text()
+        bodies = [base64.b64decode(b).decode() for b in re.findall(r'"body":"([A-Za-z0-9+/=]+)"', hlo)]
+        assert bodies, f"ragged_dot compiled for a TPU without a Mosaic kernel at {precision!r}: look again"
+        contract[precision] = set(re.findall(r"contract_precision<(\w+)>", "".join(bodies)))
+    assert contract == {"default": {"bf16"}, "highest": {"fp32"}}, contract
+
+
 def test_plan_mesh_is_the_mesh_off_a_tpu_and_the_hosts_cpu_on_one(monkeypatch, capsys):
     """On a TPU a toy model's temporaries live in on-chip memory that memory_analysis() leaves out
     (compiled for a v5e-8: 0 bytes of HBM temporaries for 08's attention at T = 1,024, while
