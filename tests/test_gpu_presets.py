@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -59,6 +60,18 @@ def step_bytes(lib, cfg, devices) -> int:
                                  sharding=NamedSharding(mesh, P("data", None)))
     with jax.set_mesh(mesh):
         return memory_bytes(lib.train_step.lower(model, optimizer, batch).compile())
+
+
+def check_bytes(lib, cfg, devices, batch: int) -> int:
+    """Bytes per device of 01's float32 equivalence checks' largest computation: the plain loss's
+    value and gradients on the float32 twin, at "highest", on `batch` sequences."""
+    cfg32 = dataclasses.replace(cfg, compute_dtype="float32", loss="plain", global_batch=batch)
+    mesh = lib.make_mesh(cfg32, devices)
+    model, _ = lib.abstract_model(cfg32, mesh)
+    tokens = jax.ShapeDtypeStruct((batch, cfg.seq_len + 1), jnp.int32,
+                                  sharding=NamedSharding(mesh, P("data", None)))
+    with jax.set_mesh(mesh), jax.default_matmul_precision("highest"):
+        return memory_bytes(nnx.jit(nnx.value_and_grad(lib.loss_fn)).lower(model, tokens).compile())
 
 
 def test_there_are_gpu_specs_for_the_readers_cards():
@@ -124,3 +137,20 @@ def test_every_cards_preset_is_the_largest_batch_the_model_fits(lib, spec):
     print(f"{devices[0].device_kind}: {cfg.compute_dtype}, B={b}: about {gib(b):.2f} of {budget:.2f} GiB")
     assert gib(b) <= budget, (spec.stem, b, gib(b), budget)
     assert gib(2 * b) > budget or 2 * b > lib.GPU_MAX_PER_DEVICE, (spec.stem, b, gib(2 * b), budget)
+
+
+@pytest.mark.parametrize("dtype", sorted(COMPILED))
+def test_01s_float32_checks_fit_beside_the_preset(lib, measured, dtype):
+    """01's float32 checks (chunked vs plain loss; one device vs the mesh) run on CHECK_SEQUENCES
+    per `data` device: compiled for the card, that fits beside the preset's step, within what JAX
+    may allocate. On the preset's whole batch it need not (printed): the H200 ran out of memory in
+    2026-11-27's run, when the chunked-vs-plain check took the whole batch in float32."""
+    stem, allocatable, cfg, sizes = measured[dtype]
+    devices, _ = gpu(ROOT / "tools" / "gpu_specs" / f"{stem}.txtpb")
+    n_data = lib.mesh_shape_for(len(devices), cfg.model_parallel)[0]
+    few, whole = lib.CHECK_SEQUENCES * n_data, cfg.global_batch
+    gib = {b: check_bytes(lib, cfg, devices, b) / 2**30 for b in (few, whole)}
+    print(f"{devices[0].device_kind}: the float32 check takes {gib[few]:.2f} GiB on {few} sequences, "
+          f"{gib[whole]:.2f} GiB on the preset's {whole} (beside a {sizes[whole]:.2f} GiB step; JAX may "
+          f"allocate {allocatable / 2**30:.2f} GiB)")
+    assert few < whole and gib[few] + sizes[whole] <= allocatable / 2**30, (stem, gib, sizes, allocatable)

@@ -20,13 +20,15 @@ each run covers.
 
 accelerator: COURSE_ACCELERATOR=1 keeps JAX on the GPU/TPU (no JAX_PLATFORMS=cpu); the TPU
 compiles run where libtpu is installed and are skipped, saying so, where it is not. JOBS=N runs
-N notebooks at once on one GPU, the longest first (each process allocates as it needs and may
-take 1/N of the card's memory: XLA_PYTHON_CLIENT_PREALLOCATE=false, _MEM_FRACTION=0.9/N, unless
-set), so that the series fits a short loan of a machine; a TPU belongs to one process, so JOBS=1
-there. Each notebook's log, written as it runs and ending with its slowest cells, is
-.cache/run_notebooks/NAME.log. 01 trains its accelerator preset for ACCELERATOR_CAPS' steps
-(past the warmup, so its learning checks hold): its full schedule takes 10 minutes or more on a
-T4 or a v5e-8, past nbval's 600 s per cell. FULL=1 runs it whole, with an hour per cell.
+N notebooks at once on one GPU, the longest first, each as on a card of 0.9/N of its memory
+(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set, with JAX's preallocation kept as a reader has it:
+allocating as needed fragments the memory, and a preset sized to fill it may then run out, as
+01's training likely did in the H200 run of 2026-11-27), so that the series fits a short loan of
+a machine; a TPU belongs to one process, so JOBS=1 there. Each notebook's log, written as it
+runs and ending with its slowest cells, is .cache/run_notebooks/NAME.log. 01 trains its
+accelerator preset for ACCELERATOR_CAPS' steps (past the warmup, so its learning checks hold):
+its full schedule takes 10 minutes or more on a T4 or a v5e-8, past nbval's 600 s per cell.
+FULL=1 runs it whole, with an hour per cell.
 """
 
 from __future__ import annotations
@@ -134,8 +136,7 @@ def run_on_accelerator(names: list[str], n_jobs: int) -> list[bool]:
     """Every notebook (or those named) on the attached accelerator, n_jobs at a time."""
     libtpu = importlib.util.find_spec("libtpu") is not None
     env = {"COURSE_ACCELERATOR": "1", "COURSE_TPU_COMPILE": os.environ.get("COURSE_TPU_COMPILE", "1" if libtpu else "0")}
-    if n_jobs > 1:  # the notebooks share one GPU: none may take it all (setting either variable wins)
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if n_jobs > 1:  # the notebooks share one GPU: none may take it all (setting the variable wins)
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / n_jobs:.2f}")
     env.update(offline.course_env({**os.environ, **env}))
     label = (f"on the attached accelerator (TPU compiles: {'on' if env['COURSE_TPU_COMPILE'] == '1' else 'off'}"
