@@ -154,3 +154,17 @@ def test_01s_float32_checks_fit_beside_the_preset(lib, measured, dtype):
           f"{gib[whole]:.2f} GiB on the preset's {whole} (beside a {sizes[whole]:.2f} GiB step; JAX may "
           f"allocate {allocatable / 2**30:.2f} GiB)")
     assert few < whole and gib[few] + sizes[whole] <= allocatable / 2**30, (stem, gib, sizes, allocatable)
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_an_accelerator_run_trains_01_long_enough_for_its_learning_checks(lib, platform):
+    """tools/run_notebooks.py trains 01's accelerator presets for ACCELERATOR_CAPS' steps: at
+    least two log windows after the warmup, where 01 asserts that the loss falls and beats the best
+    context-free model. Fewer would leave those checks unrun on the accelerator."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import run_notebooks
+
+    steps = int(run_notebooks.ACCELERATOR_CAPS["01_minigpt"]["COURSE_MAX_STEPS"])
+    cfg = lib.preset_for(jax.devices()[:1], memory_bytes=16 * 2**30, platform=platform)
+    window = min(cfg.log_every, steps // 2)  # the capped run's log cadence (01's caps cell)
+    assert cfg.warmup_steps + 2 * window <= steps < cfg.steps, (platform, steps, cfg.warmup_steps, window)
