@@ -14,7 +14,8 @@ Runs at import, before any notebook kernel starts, so that every kernel inherits
 
 It also makes nbval fail a cell tagged ``raises-exception`` that no longer raises (nbval
 itself only lets such a cell fail; it does not require it to), and, under ``COURSE_LIVE_LOG=1``
-(tools/run_notebooks.py), prints each cell's time and any failure's message as the cell ends.
+(tools/run_notebooks.py), prints each cell's time, what it printed and any failure's message as
+the cell ends.
 """
 
 import os
@@ -41,6 +42,7 @@ def pytest_report_header(config):
 
 
 LIVE_LOG_CHARS = 6000  # of a failure's message, printed as it happens
+LIVE_OUTPUT_CHARS = 2000  # of a cell's printed output (its end), printed after its time
 SESSION: dict = {}
 
 
@@ -48,17 +50,34 @@ def pytest_configure(config):
     SESSION["config"] = config
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under COURSE_LIVE_LOG=1, a notebook cell's report carries what the cell printed (nbval keeps
+    a cell's outputs in `item.test_outputs`), for the live log below."""
+    outcome = yield
+    if os.environ.get("COURSE_LIVE_LOG") == "1" and call.when == "call":
+        outputs = getattr(item, "test_outputs", None) or []
+        outcome.get_result().printed = "".join(out.get("text", "") for out in outputs
+                                               if out.get("output_type") == "stream")
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter has written the cell's PASSED/FAILED
 def pytest_runtest_logreport(report):
-    """COURSE_LIVE_LOG=1: each cell's time, and a failure's message, written as the cell ends.
-    pytest prints failures only when the session ends, so a notebook stopped from outside (a time
-    limit on a lent GPU) would otherwise lose the one thing its log was for."""
+    """COURSE_LIVE_LOG=1: each cell's time, what it printed, and a failure's message, written as
+    the cell ends. pytest prints failures only when the session ends, so a notebook stopped from
+    outside (a time limit on a lent GPU) would otherwise lose the one thing its log was for; and
+    a run whose outputs are not compared (an accelerator, a preset) keeps its numbers (losses,
+    tolerances) in the log."""
     if os.environ.get("COURSE_LIVE_LOG") != "1" or (report.when != "call" and not report.failed):
         return
     reporter = SESSION["config"].pluginmanager.get_plugin("terminalreporter") if SESSION else None
     if reporter is None:
         return
     reporter.write_line(f"    {report.when} {report.duration:.1f} s")
+    printed = getattr(report, "printed", "").rstrip()
+    if printed:
+        printed = printed if len(printed) <= LIVE_OUTPUT_CHARS else "..." + printed[-LIVE_OUTPUT_CHARS:]
+        reporter.write_line("\n".join("    | " + line for line in printed.splitlines()))
     if report.failed:
         text = report.longreprtext
         reporter.write_line(text if len(text) <= LIVE_LOG_CHARS else "..." + text[-LIVE_LOG_CHARS:])

@@ -231,3 +231,21 @@ def test_a_live_log_shows_each_cells_time_and_a_failure_as_it_happens(tmp_path):
     live = out.index("the message we need")
     assert live < out.index("test_next") < out.index("= FAILURES ="), out
     assert re.search(r"^    call \d+\.\d s$", out, re.MULTILINE), out
+
+
+def test_a_live_log_keeps_what_each_notebook_cell_printed(scratch):
+    """COURSE_LIVE_LOG=1 under nbval: each cell's printed output follows its time, so a run whose
+    outputs are not compared (a lent GPU, a preset in CI) keeps its losses in the log; a cell that
+    fails keeps what it printed before its error; a long output keeps its end."""
+    nb = write_notebook(
+        scratch / "printed.ipynb",
+        code_cell("print('step 1: loss 10.84')\nprint('step 2: loss 9.63')"),
+        code_cell("print('x' * 5000 + 'the end')"),
+        code_cell("print('loss nan')\nraise FloatingPointError('not finite')"),
+    )
+    out = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:randomly", str(nb.relative_to(ROOT))],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COURSE_LIVE_LOG": "1"}).stdout
+    assert re.search(r"^    call \d+\.\d s\n    \| step 1: loss 10\.84\n    \| step 2: loss 9\.63$", out, re.MULTILINE), out
+    assert re.search(r"^    \| \.\.\.x+the end$", out, re.MULTILINE), out
+    assert "    | loss nan" in out and out.index("    | loss nan") < out.index("not finite"), out

@@ -16,7 +16,7 @@ presets: each notebook with a hardware preset of its own runs with COURSE_PRESET
 (stack.preset_name() picks it instead of the backend's), so the shapes, dtypes, optimizer and
 schedule a Kaggle or Colab reader gets first run here, not on the reader's machine; steps and
 batch are capped (COURSE_MAX_STEPS, COURSE_MAX_BATCH) to fit CI. PRESET_RUNS below says what
-each run covers.
+each run covers. After each run's line come the lines its cells printed about the loss.
 
 accelerator: COURSE_ACCELERATOR=1 keeps JAX on the GPU/TPU (no JAX_PLATFORMS=cpu); the TPU
 compiles run where libtpu is installed and are skipped, saying so, where it is not. JOBS=N runs
@@ -96,7 +96,10 @@ LONGEST_FIRST = ["01_minigpt", "03_tensor_parallel_transformer", "09_mixture_of_
                  "02_tensor_parallel_mlp", "00_setup"]
 
 
-def run(name: str, env: dict[str, str], label: str, extra: tuple[str, ...] = ()) -> bool:
+LOSS_LINES = 40  # of a preset run's printed lines that mention a loss, shown after its line
+
+
+def run(name: str, env: dict[str, str], label: str, extra: tuple[str, ...] = (), losses: bool = False) -> bool:
     path = ROOT / "notebooks" / f"{name}.ipynb"
     if not path.exists():
         raise SystemExit(f"run_notebooks: no notebook {path.relative_to(ROOT)}")
@@ -116,6 +119,11 @@ def run(name: str, env: dict[str, str], label: str, extra: tuple[str, ...] = ())
     last = (output.strip().splitlines() or ["(no output)"])[-1].strip("= ")
     passed = returncode == 0 and " passed" in last
     print(f"{'PASS' if passed else 'FAIL'}  {name:<34s} {label:<40s} {seconds:6.0f} s  {last}", flush=True)
+    if losses:  # what its cells printed about the loss (first and last, finite), for the record
+        lines = [line for line in output.splitlines() if line.startswith("    | ") and "loss" in line.lower()]
+        if len(lines) > LOSS_LINES:
+            lines = lines[: LOSS_LINES // 2] + ["    | ..."] + lines[-LOSS_LINES // 2:]
+        print("\n".join(lines), flush=True)
     if not passed:
         print(output[-6000:], f"(all of it: {log.relative_to(ROOT)})", sep="\n", flush=True)
     return passed
@@ -177,7 +185,8 @@ def main(argv: list[str]) -> int:
                 continue
             env = {**caps, "COURSE_PRESET": preset, "COURSE_TPU_COMPILE": "0"}
             env.update(offline.course_env({**os.environ, **env}))
-            results.append(run(name, env, f"{preset} preset, " + ", ".join(f"{k}={v}" for k, v in caps.items())))
+            results.append(run(name, env, f"{preset} preset, " + ", ".join(f"{k}={v}" for k, v in caps.items()),
+                               losses=True))
     else:
         results = run_on_accelerator(names, jobs(os.environ.get("JOBS", "1")))
     if not results:
