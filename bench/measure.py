@@ -127,15 +127,3 @@ def peak_flops(compute_dtype) -> dict:
         "source": f"data-sheet dense bf16 peak of {jax.device_count()} x {device.device_kind}",
         "measured": measured,
     }
-
-
-def compiled_flops(compiled, n_devices: int) -> float:
-    """FLOPs of one call of a compiled SPMD program, summed over its `n_devices` devices.
-
-    `cost_analysis()` counts the per-device program (checked: a matmul sharded 8 ways
-    reports 1/8 of its FLOPs); every device runs that program.
-    """
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):  # some JAX versions return one dict per program
-        cost = cost[0]
-    return float(cost["flops"]) * n_devices
