@@ -72,14 +72,16 @@ PRESET_RUNS = [
     # nbval), but took 969 s and 16.6 GiB of host memory
     # on a 2-core CPU (its checks hold float32 twins and one-device references of the whole model;
     # on 2 or 8 emulated devices each holds a replica: over 21 GiB, killed). Too much for CI:
-    # `make test-presets NB=01_minigpt` runs it.
+    # `make test-presets NB=01_minigpt` runs it (246 s alone on a quiet machine, 2026-11-27; its
+    # memory is what keeps it beside CI's other lane out).
     ("01_minigpt", "tpu", {"COURSE_MAX_STEPS": "2", "COURSE_MAX_BATCH": "2", "CPU_DEVICES": "1"}, False),
     # 915 s on a fresh clone's CI run here, beside the other lane: out of per-push CI for time
+    # (209 s alone on a quiet machine, 2026-11-27)
     ("03_tensor_parallel_transformer", "tpu", {**CAPS["03_tensor_parallel_transformer"], "CPU_DEVICES": "8"}, False),
     # 04's GPU preset (D=512, T=256, bfloat16, V=50304) passed at 8 devices in 1,070 s on a loaded
     # 2-core machine (its batch sweep and loaders compile and time steps of that size); on 2
     # devices its loader cell ran past nbval's 600 s. CI's 90 minutes cannot hold it beside the
-    # rest: `make test-presets NB=04_profiling` runs it.
+    # rest: `make test-presets NB=04_profiling` runs it (263 s alone on a quiet machine, 2026-11-27).
     ("04_profiling", "gpu", {**CAPS["04_profiling"], "CPU_DEVICES": "8"}, False),
     ("09_mixture_of_experts", "tpu", {**CAPS["09_mixture_of_experts"], "CPU_DEVICES": "8"}, True),
 ]
