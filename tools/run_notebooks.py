@@ -72,8 +72,8 @@ PRESET_RUNS = [
     # nbval), but took 969 s and 16.6 GiB of host memory
     # on a 2-core CPU (its checks hold float32 twins and one-device references of the whole model;
     # on 2 or 8 emulated devices each holds a replica: over 21 GiB, killed). Too much for CI:
-    # `make test-presets NB=01_minigpt` runs it (246 s alone on a quiet machine, 2026-11-27; its
-    # memory is what keeps it beside CI's other lane out).
+    # `make test-presets NB=01_minigpt` runs it (246 s alone on a quiet machine, 2026-11-27: now
+    # its host memory, not its time, keeps it out of CI, beside the other lane's notebooks).
     ("01_minigpt", "tpu", {"COURSE_MAX_STEPS": "2", "COURSE_MAX_BATCH": "2", "CPU_DEVICES": "1"}, False),
     # 915 s on a fresh clone's CI run here, beside the other lane: out of per-push CI for time
     # (209 s alone on a quiet machine, 2026-11-27)
@@ -121,7 +121,7 @@ def run(name: str, env: dict[str, str], label: str, extra: tuple[str, ...] = (),
     last = (output.strip().splitlines() or ["(no output)"])[-1].strip("= ")
     passed = returncode == 0 and " passed" in last
     print(f"{'PASS' if passed else 'FAIL'}  {name:<34s} {label:<40s} {seconds:6.0f} s  {last}", flush=True)
-    if losses:  # what its cells printed about the loss (first and last, finite), for the record
+    if losses:  # the lines its cells printed that mention a loss, for the record (CI's log)
         lines = [line for line in output.splitlines() if line.startswith("    | ") and "loss" in line.lower()]
         if len(lines) > LOSS_LINES:
             lines = lines[: LOSS_LINES // 2] + ["    | ..."] + lines[-LOSS_LINES // 2:]
